@@ -1,0 +1,45 @@
+// Attention of one extend's new tokens over a paged KV cache.
+//
+// The sequence's keys/values live in fixed-size blocks: slot s of the sequence is row
+// (s % block_size) of block block_table[s / block_size]. Slots [0, context_len) hold committed
+// tokens, visible to every query; slots [context_len, context_len + new_tokens) hold the new
+// tokens of this extend, and query i sees new token j only when the visibility mask says so.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::kernels::cpu {
+
+struct AttentionParams {
+  const float* q = nullptr;  // [new_tokens, q_heads, head_dim], row stride q_stride
+  int q_stride = 0;
+  const float* k_cache = nullptr;        // [num_blocks, block_size, kv_heads, head_dim]
+  const float* v_cache = nullptr;        // [num_blocks, block_size, kv_heads, head_dim]
+  const int32_t* block_table = nullptr;  // [ceil((context_len + new_tokens) / block_size)]
+  int block_size = 0;
+  int context_len = 0;  // committed tokens, all visible
+  int new_tokens = 0;
+  // [new_tokens, mask_words] bit-packed rows: bit j of row i set = query i sees new token j.
+  const uint64_t* mask = nullptr;
+  int mask_words = 0;  // ceil(new_tokens / 64)
+  int q_heads = 0;
+  int kv_heads = 0;  // q_heads % kv_heads == 0 (GQA)
+  int head_dim = 0;
+  float scale = 0.0f;  // usually 1 / sqrt(head_dim)
+  // Sliding window (Mistral): query i, at slot context_len + i, sees slot s only when
+  // context_len + i - s < window. 0 = no window.
+  int window = 0;
+  float* out = nullptr;  // [new_tokens, q_heads, head_dim], row stride out_stride
+  int out_stride = 0;
+};
+
+// Empty string when the parameters are consistent, else what is wrong.
+const char* AttentionCheck(const AttentionParams& p);
+// Floats of scratch memory Invoke needs.
+size_t AttentionWorkspaceFloats(const AttentionParams& p);
+// A query that sees no key at all (possible only with context_len == 0 and an empty mask row)
+// gets a zero output.
+void AttentionInvoke(const AttentionParams& p, float* workspace);
+
+}  // namespace tandem::kernels::cpu

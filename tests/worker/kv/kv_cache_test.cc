@@ -1,0 +1,108 @@
+#include "worker/kv/kv_cache.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+KvCacheOptions SmallOptions(int32_t blocks) {
+  return {.num_layers = 2, .num_kv_heads = 1, .head_dim = 2, .block_size = 4, .num_blocks = blocks};
+}
+
+// Writes a recognisable value into every tentative slot: 1000 * layer + 10 * slot (+1 for V).
+void FillTentative(KvCache& kv, SeqId seq) {
+  const int first = kv.CommittedLength(seq);
+  for (int l = 0; l < 2; ++l) {
+    for (int i = 0; i < kv.TentativeLength(seq); ++i) {
+      float* k = kv.KeyRow(seq, l, first + i);
+      float* v = kv.ValueRow(seq, l, first + i);
+      k[0] = k[1] = 1000.0f * l + 10.0f * (first + i);
+      v[0] = v[1] = k[0] + 1.0f;
+    }
+  }
+}
+
+TEST(BlockAllocatorTest, HandsOutEveryBlockOnceThenNothing) {
+  BlockAllocator alloc(3);
+  std::vector<int32_t> got;
+  while (auto b = alloc.Allocate()) got.push_back(*b);
+  EXPECT_EQ(got.size(), 3u);
+  EXPECT_EQ(alloc.num_free(), 0);
+  alloc.Free(got[1]);
+  EXPECT_EQ(alloc.Allocate(), got[1]);
+}
+
+TEST(KvCacheTest, ReserveReportsNoRoomAndChangesNothing) {
+  KvCache kv(SmallOptions(3));  // 12 token slots
+  ASSERT_TRUE(kv.AddSequence(1).ok());
+  ASSERT_TRUE(kv.AddSequence(2).ok());
+  ASSERT_EQ(kv.Reserve(1, 9), 0);  // 3 blocks
+  EXPECT_EQ(kv.free_blocks(), 0);
+  EXPECT_FALSE(kv.Reserve(2, 1).has_value());
+  EXPECT_EQ(kv.TentativeLength(2), 0);
+  kv.RemoveSequence(1);
+  EXPECT_EQ(kv.free_blocks(), 3);
+  EXPECT_EQ(kv.Reserve(2, 1), 0);
+  EXPECT_DOUBLE_EQ(kv.UsageRatio(), 1.0 / 3.0);
+}
+
+TEST(KvCacheTest, CommitCompactsKeptTokensInOrderAndFreesTheRest) {
+  KvCache kv(SmallOptions(8));
+  ASSERT_TRUE(kv.AddSequence(7).ok());
+  ASSERT_EQ(kv.Reserve(7, 3), 0);
+  FillTentative(kv, 7);
+  ASSERT_TRUE(kv.Commit(7, std::vector<int32_t>{0, 1, 2}).ok());
+  ASSERT_EQ(kv.Reserve(7, 9), 3);  // slots 3..11
+  FillTentative(kv, 7);
+  EXPECT_EQ(kv.free_blocks(), 5);
+  const std::vector<int32_t> keep = {1, 4, 8};  // slots 4, 7, 11 -> 3, 4, 5
+  ASSERT_TRUE(kv.Commit(7, keep).ok());
+  EXPECT_EQ(kv.CommittedLength(7), 6);
+  EXPECT_EQ(kv.free_blocks(), 6);  // 6 tokens fit in 2 blocks
+  const float expected_slots[] = {0, 10, 20, 40, 70, 110};
+  for (int l = 0; l < 2; ++l) {
+    for (int s = 0; s < 6; ++s) {
+      EXPECT_EQ(kv.KeyRow(7, l, s)[1], 1000.0f * l + expected_slots[s])
+          << "layer " << l << " slot " << s;
+      EXPECT_EQ(kv.ValueRow(7, l, s)[0], 1000.0f * l + expected_slots[s] + 1.0f);
+    }
+  }
+}
+
+TEST(KvCacheTest, CommitRejectsUnorderedOrOutOfRangeIndices) {
+  KvCache kv(SmallOptions(4));
+  ASSERT_TRUE(kv.AddSequence(1).ok());
+  ASSERT_TRUE(kv.Reserve(1, 3).has_value());
+  EXPECT_EQ(kv.Commit(1, std::vector<int32_t>{1, 0}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv.Commit(1, std::vector<int32_t>{3}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv.Commit(99, {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(kv.Commit(1, {}).ok());
+  EXPECT_EQ(kv.CommittedLength(1), 0);
+  EXPECT_EQ(kv.free_blocks(), 4);
+}
+
+TEST(KvCacheTest, TruncateDropsTailAndReserveAgainReplacesTentative) {
+  KvCache kv(SmallOptions(4));
+  ASSERT_TRUE(kv.AddSequence(1).ok());
+  ASSERT_TRUE(kv.Reserve(1, 10).has_value());
+  ASSERT_TRUE(kv.Commit(1, std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}).ok());
+  ASSERT_TRUE(kv.Truncate(1, 5).ok());
+  EXPECT_EQ(kv.CommittedLength(1), 5);
+  EXPECT_EQ(kv.free_blocks(), 2);
+  ASSERT_EQ(kv.Reserve(1, 11), 5);
+  EXPECT_EQ(kv.free_blocks(), 0);
+  ASSERT_EQ(kv.Reserve(1, 1), 5);  // a smaller reservation gives blocks back
+  EXPECT_EQ(kv.free_blocks(), 2);
+  EXPECT_FALSE(kv.Truncate(1, 6).ok());
+}
+
+TEST(KvCacheTest, DuplicateSequenceIsAnError) {
+  KvCache kv(SmallOptions(1));
+  ASSERT_TRUE(kv.AddSequence(3).ok());
+  EXPECT_EQ(kv.AddSequence(3).code(), absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace tandem
