@@ -1,0 +1,49 @@
+// Token sampling and the counter-based RNG that makes seeded runs reproducible whatever the
+// batch and step structure: every random draw is keyed by (seed, token position, purpose).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace tandem {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy (argmax)
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // >= 1 = off
+  float min_p = 0.0f;        // 0 = off
+  uint64_t seed = 0;
+
+  bool greedy() const { return temperature <= 0.0f; }
+};
+
+// Why a random number is drawn; different purposes at the same position are independent.
+enum class RngPurpose : uint32_t {
+  kSample = 0,    // sampling the token at this position
+  kAccept = 1,    // accepting a draft token at this position (p/q verification)
+  kResample = 2,  // resampling from the residual after a rejection
+  kDraft = 3,     // drawing a draft token
+  kMask = 4,      // choosing positions to mask/unmask
+};
+
+// Uniform in [0, 1) from Philox4x32-10 keyed by the seed, counter = (position, purpose, stream).
+double UniformRandom(uint64_t seed, uint64_t position, RngPurpose purpose, uint32_t stream = 0);
+
+// Lowest index among ties; NaN counts as -inf; -1 for an empty span.
+int32_t Argmax(std::span<const float> logits);
+
+// The distribution sampling draws from: softmax(logits / T) restricted by top-k, top-p, min-p,
+// renormalised. Greedy params give a point mass at Argmax. `probs` is resized to logits.size().
+void SamplingDistribution(std::span<const float> logits, const SamplingParams& params,
+                          std::vector<float>* probs);
+
+// Inverse-CDF draw from `probs` (need not be normalised) with `u` in [0, 1). Never returns an
+// entry that is not finite and positive; -1 when there is none.
+int32_t SampleFromDistribution(std::span<const float> probs, double u);
+
+// Samples the token at sequence position `position` (greedy params: Argmax).
+int32_t SampleToken(std::span<const float> logits, const SamplingParams& params, uint64_t position,
+                    RngPurpose purpose = RngPurpose::kSample);
+
+}  // namespace tandem
