@@ -1,0 +1,330 @@
+// The batched, paged forward against the dense oracle: prefill, extend/commit sequences,
+// explicit visibility with repeated positions, block visibility, batching, taps and LoRA.
+#include "worker/model/transformer.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/worker/model/reference_model.h"
+
+namespace tandem {
+namespace {
+
+using testing::CausalMask;
+using testing::DenseForward;
+using testing::MaxRelativeError;
+
+constexpr double kTol = 1e-4;
+
+ModelConfig TinyConfig(bool qwen3) {
+  ModelConfig c;
+  c.arch = qwen3 ? Arch::kQwen3 : Arch::kQwen2;
+  c.vocab_size = 97;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = qwen3 ? 12 : 8;
+  c.rms_norm_eps = 1e-6f;
+  c.rope_theta = 10000.0f;
+  c.max_position_embeddings = 512;
+  c.qk_norm = qwen3;
+  c.attention_bias = !qwen3;
+  c.o_proj_bias = qwen3;  // exercises both bias placements
+  c.mlp_bias = qwen3;
+  c.tie_word_embeddings = qwen3;
+  return c;
+}
+
+class TransformerTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    config_ = TinyConfig(GetParam());
+    model_ = Transformer::FromWeights(config_, RandomWeights(config_, 1234, 0.2f));
+    kv_ = std::make_unique<KvCache>(model_->KvOptions(1024, 4));
+  }
+
+  std::vector<int32_t> RandomTokens(int n, std::mt19937& rng) {
+    std::uniform_int_distribution<int32_t> dist(0, config_.vocab_size - 1);
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = dist(rng);
+    return t;
+  }
+
+  // Runs one extend on `seq` (reserving first); returns logits for every new token.
+  std::vector<std::vector<float>> Run(SeqId seq, const std::vector<int32_t>& tokens,
+                                      const std::vector<int32_t>& positions, Visibility vis,
+                                      std::vector<uint8_t> gate = {}) {
+    EXPECT_TRUE(kv_->Reserve(seq, static_cast<int>(tokens.size())).has_value());
+    std::vector<int32_t> outputs(tokens.size());
+    for (size_t i = 0; i < outputs.size(); ++i) outputs[i] = static_cast<int32_t>(i);
+    Extend e{.seq = seq,
+             .tokens = tokens,
+             .positions = positions,
+             .visible = std::move(vis),
+             .outputs = outputs,
+             .lora_gate = gate};
+    auto out = model_->Forward({&e, 1}, *kv_);
+    EXPECT_TRUE(out.ok()) << out.status();
+    std::vector<std::vector<float>> rows;
+    const auto& logits = (*out)[0].logits;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      rows.emplace_back(logits.begin() + i * config_.vocab_size,
+                        logits.begin() + (i + 1) * config_.vocab_size);
+    }
+    return rows;
+  }
+
+  static std::vector<int32_t> Iota(int from, int n) {
+    std::vector<int32_t> v(n);
+    for (int i = 0; i < n; ++i) v[i] = from + i;
+    return v;
+  }
+
+  ModelConfig config_;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<KvCache> kv_;
+};
+
+TEST_P(TransformerTest, PrefillMatchesDenseReference) {
+  std::mt19937 rng(1);
+  const auto tokens = RandomTokens(13, rng);
+  const auto positions = Iota(0, 13);
+  ASSERT_TRUE(kv_->AddSequence(1).ok());
+  const auto got = Run(1, tokens, positions, Visibility::Causal());
+  const auto want = DenseForward(config_, model_->weights(), tokens, positions, CausalMask(13));
+  for (int t = 0; t < 13; ++t) EXPECT_LT(MaxRelativeError(got[t], want.logits[t]), kTol) << t;
+}
+
+TEST_P(TransformerTest, ExtendsWithArbitraryCommitsEqualCleanPrefill) {
+  // Each step appends kept tokens interleaved with throw-away tokens (drafts that get rejected,
+  // at repeated positions). Kept tokens see only committed and earlier kept tokens, so after
+  // Commit the cache must be exactly that of a clean prefill of the kept tokens.
+  std::mt19937 rng(2);
+  ASSERT_TRUE(kv_->AddSequence(5).ok());
+  std::vector<int32_t> committed;
+  std::vector<std::vector<float>> got_logits;  // logits at each committed token
+  for (int step = 0; step < 7; ++step) {
+    const int n = 1 + static_cast<int>(rng() % 6);
+    const auto tokens = RandomTokens(n, rng);
+    std::vector<bool> keep(n);
+    for (int i = 0; i < n; ++i) keep[i] = (rng() % 3) != 0;
+    Visibility vis = Visibility::Explicit(n);
+    std::vector<int32_t> positions(n), keep_idx;
+    const int base = static_cast<int>(committed.size());
+    for (int i = 0; i < n; ++i) {
+      int rank = 0;
+      for (int j = 0; j < i; ++j) rank += keep[j];
+      positions[i] = base + rank;  // throw-away tokens repeat a kept token's position
+      for (int j = 0; j <= i; ++j) {
+        if (keep[i] ? (keep[j] || j == i) : (rng() % 2 == 0 || j == i)) vis.Allow(i, j);
+      }
+      if (keep[i]) keep_idx.push_back(i);
+    }
+    const auto rows = Run(5, tokens, positions, vis);
+    for (int i : keep_idx) {
+      committed.push_back(tokens[i]);
+      got_logits.push_back(rows[i]);
+    }
+    ASSERT_TRUE(kv_->Commit(5, keep_idx).ok());
+  }
+  ASSERT_EQ(kv_->CommittedLength(5), static_cast<int>(committed.size()));
+  const int total = static_cast<int>(committed.size());
+  const auto want =
+      DenseForward(config_, model_->weights(), committed, Iota(0, total), CausalMask(total));
+  for (int t = 0; t < total; ++t) EXPECT_LT(MaxRelativeError(got_logits[t], want.logits[t]), kTol);
+  // And a decode step on top of the compacted cache.
+  std::vector<int32_t> next = RandomTokens(1, rng);
+  const auto step = Run(5, next, {total}, Visibility::Causal());
+  committed.push_back(next[0]);
+  const auto want2 = DenseForward(config_, model_->weights(), committed, Iota(0, total + 1),
+                                  CausalMask(total + 1));
+  EXPECT_LT(MaxRelativeError(step[0], want2.logits[total]), kTol);
+}
+
+TEST_P(TransformerTest, ExplicitVisibilityAndRepeatedPositionsMatchDenseMask) {
+  std::mt19937 rng(3);
+  const int ctx = 9, n = 11;
+  ASSERT_TRUE(kv_->AddSequence(2).ok());
+  const auto prompt = RandomTokens(ctx, rng);
+  Run(2, prompt, Iota(0, ctx), Visibility::Causal());
+  ASSERT_TRUE(kv_->Commit(2, Iota(0, ctx)).ok());
+
+  const auto tokens = RandomTokens(n, rng);
+  std::vector<int32_t> positions(n);
+  for (auto& p : positions) p = ctx + static_cast<int32_t>(rng() % 4);  // many repeats
+  Visibility vis = Visibility::Explicit(n);
+  auto mask = CausalMask(ctx + n);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < ctx; ++j) mask[ctx + i][j] = true;
+    for (int j = 0; j < n; ++j) {
+      const bool sees = (rng() % 2) == 0;
+      mask[ctx + i][ctx + j] = sees;
+      if (sees) vis.Allow(i, j);
+    }
+  }
+  const auto got = Run(2, tokens, positions, vis);
+  std::vector<int32_t> all = prompt, all_pos = Iota(0, ctx);
+  all.insert(all.end(), tokens.begin(), tokens.end());
+  all_pos.insert(all_pos.end(), positions.begin(), positions.end());
+  const auto want = DenseForward(config_, model_->weights(), all, all_pos, mask);
+  for (int i = 0; i < n; ++i) EXPECT_LT(MaxRelativeError(got[i], want.logits[ctx + i]), kTol) << i;
+}
+
+TEST_P(TransformerTest, BlockAndFullVisibilityMatchDenseMask) {
+  std::mt19937 rng(4);
+  for (bool full : {false, true}) {
+    const SeqId seq = full ? 11 : 10;
+    ASSERT_TRUE(kv_->AddSequence(seq).ok());
+    const auto prompt = RandomTokens(5, rng);
+    Run(seq, prompt, Iota(0, 5), Visibility::Causal());
+    ASSERT_TRUE(kv_->Commit(seq, Iota(0, 5)).ok());
+    const int n = 8, bs = 3;
+    const auto tokens = RandomTokens(n, rng);
+    auto mask = CausalMask(5 + n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < 5 + n; ++j) mask[5 + i][j] = j < 5 || full || (j - 5) / bs <= i / bs;
+    const auto got =
+        Run(seq, tokens, Iota(5, n), full ? Visibility::Full() : Visibility::Block(bs));
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), tokens.begin(), tokens.end());
+    const auto want = DenseForward(config_, model_->weights(), all, Iota(0, 5 + n), mask);
+    for (int i = 0; i < n; ++i) EXPECT_LT(MaxRelativeError(got[i], want.logits[5 + i]), kTol);
+  }
+}
+
+TEST_P(TransformerTest, BatchOfExtendsEqualsEachAlone) {
+  std::mt19937 rng(5);
+  const std::vector<std::vector<int32_t>> prompts = {RandomTokens(6, rng), RandomTokens(1, rng),
+                                                     RandomTokens(9, rng)};
+  std::vector<std::vector<int32_t>> positions, outputs;
+  std::vector<Extend> batch;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_TRUE(kv_->AddSequence(100 + s).ok());
+    ASSERT_TRUE(kv_->Reserve(100 + s, static_cast<int>(prompts[s].size())).has_value());
+    positions.push_back(Iota(0, static_cast<int>(prompts[s].size())));
+    outputs.push_back({static_cast<int32_t>(prompts[s].size() - 1)});
+  }
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    batch.push_back({.seq = static_cast<SeqId>(100 + s),
+                     .tokens = prompts[s],
+                     .positions = positions[s],
+                     .outputs = outputs[s]});
+  }
+  auto out = model_->Forward(batch, *kv_);
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const int n = static_cast<int>(prompts[s].size());
+    const auto want =
+        DenseForward(config_, model_->weights(), prompts[s], Iota(0, n), CausalMask(n));
+    EXPECT_LT(MaxRelativeError((*out)[s].logits, want.logits[n - 1]), kTol) << s;
+  }
+}
+
+TEST_P(TransformerTest, HiddenTapsReturnTheResidualStream) {
+  std::mt19937 rng(6);
+  const auto tokens = RandomTokens(4, rng);
+  ASSERT_TRUE(kv_->AddSequence(3).ok());
+  ASSERT_TRUE(kv_->Reserve(3, 4).has_value());
+  const auto positions = Iota(0, 4);
+  const std::vector<int32_t> taps = {config_.num_layers, 0, 1};
+  Extend e{.seq = 3, .tokens = tokens, .positions = positions, .hidden_layers = taps};
+  auto out = model_->Forward({&e, 1}, *kv_);
+  ASSERT_TRUE(out.ok());
+  const auto want = DenseForward(config_, model_->weights(), tokens, positions, CausalMask(4));
+  const size_t h = config_.hidden_size;
+  for (size_t t = 0; t < taps.size(); ++t) {
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> got((*out)[0].hidden.begin() + (t * 4 + i) * h,
+                             (*out)[0].hidden.begin() + (t * 4 + i + 1) * h);
+      EXPECT_LT(MaxRelativeError(got, want.hidden[taps[t]][i]), kTol) << "tap " << taps[t];
+    }
+  }
+}
+
+TEST_P(TransformerTest, LoraAppliesOnlyToGatedTokens) {
+  std::mt19937 rng(7);
+  LoraAdapter adapter;
+  adapter.scale = 0.5f;
+  adapter.layers.resize(config_.num_layers);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  auto rand_pair = [&](int out, int in) {
+    LoraPair p;
+    p.rank = 3;
+    p.a.resize(3 * in);
+    p.b.resize(out * 3);
+    for (auto& v : p.a) v = normal(rng);
+    for (auto& v : p.b) v = normal(rng);
+    return p;
+  };
+  const int d = config_.head_dim;
+  adapter.layers[0][LoraTarget::kQ] = rand_pair(config_.num_heads * d, config_.hidden_size);
+  adapter.layers[0][LoraTarget::kV] = rand_pair(config_.num_kv_heads * d, config_.hidden_size);
+  adapter.layers[1][LoraTarget::kO] = rand_pair(config_.hidden_size, config_.num_heads * d);
+  adapter.layers[1][LoraTarget::kUp] = rand_pair(config_.intermediate_size, config_.hidden_size);
+  adapter.layers[1][LoraTarget::kDown] = rand_pair(config_.hidden_size, config_.intermediate_size);
+  model_->SetLoraAdapter(adapter);
+  const auto tokens = RandomTokens(6, rng);
+  const std::vector<uint8_t> gate = {0, 1, 1, 0, 1, 0};
+  ASSERT_TRUE(kv_->AddSequence(4).ok());
+  const auto got = Run(4, tokens, Iota(0, 6), Visibility::Causal(), gate);
+  const std::vector<bool> gate_b(gate.begin(), gate.end());
+  const auto want =
+      DenseForward(config_, model_->weights(), tokens, Iota(0, 6), CausalMask(6), &adapter, gate_b);
+  const auto plain = DenseForward(config_, model_->weights(), tokens, Iota(0, 6), CausalMask(6));
+  for (int i = 0; i < 6; ++i) EXPECT_LT(MaxRelativeError(got[i], want.logits[i]), kTol) << i;
+  EXPECT_EQ(MaxRelativeError(want.logits[0], plain.logits[0]), 0.0);
+  EXPECT_GT(MaxRelativeError(want.logits[1], plain.logits[1]), 1e-3);  // the adapter matters
+}
+
+TEST_P(TransformerTest, MalformedExtendsAreRejectedWithoutTouchingTheCache) {
+  ASSERT_TRUE(kv_->AddSequence(9).ok());
+  const std::vector<int32_t> tokens = {1, 2, 3}, positions = {0, 1, 2}, bad_tok = {1, 1000, 2};
+  const std::vector<int32_t> bad_out = {3};
+  Extend no_reservation{.seq = 9, .tokens = tokens, .positions = positions};
+  EXPECT_EQ(model_->Forward({&no_reservation, 1}, *kv_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(kv_->Reserve(9, 3).has_value());
+  Extend out_of_vocab{.seq = 9, .tokens = bad_tok, .positions = positions};
+  auto s = model_->Forward({&out_of_vocab, 1}, *kv_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("vocabulary"), std::string::npos) << s;
+  Extend bad_output{.seq = 9, .tokens = tokens, .positions = positions, .outputs = bad_out};
+  EXPECT_EQ(model_->Forward({&bad_output, 1}, *kv_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Extend unknown{.seq = 77, .tokens = tokens, .positions = positions};
+  EXPECT_EQ(model_->Forward({&unknown, 1}, *kv_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(TransformerTest, SlidingWindowMatchesDenseWindowedMask) {
+  config_.sliding_window = 4;
+  model_ = Transformer::FromWeights(config_, RandomWeights(config_, 1234, 0.2f));
+  std::mt19937 rng(8);
+  const int n = 11;
+  const auto tokens = RandomTokens(n, rng);
+  auto mask = CausalMask(n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) mask[i][j] = mask[i][j] && i - j < 4;
+  const auto want = DenseForward(config_, model_->weights(), tokens, Iota(0, n), mask);
+  // A prefill of 7, then single-token steps through the cache.
+  ASSERT_TRUE(kv_->AddSequence(6).ok());
+  std::vector<int32_t> head(tokens.begin(), tokens.begin() + 7);
+  auto got = Run(6, head, Iota(0, 7), Visibility::Causal());
+  ASSERT_TRUE(kv_->Commit(6, Iota(0, 7)).ok());
+  for (int i = 7; i < n; ++i) {
+    got.push_back(Run(6, {tokens[i]}, {i}, Visibility::Causal())[0]);
+    ASSERT_TRUE(kv_->Commit(6, std::vector<int32_t>{0}).ok());
+  }
+  for (int i = 0; i < n; ++i) EXPECT_LT(MaxRelativeError(got[i], want.logits[i]), kTol) << i;
+  const auto unwindowed =
+      DenseForward(config_, model_->weights(), tokens, Iota(0, n), CausalMask(n));
+  EXPECT_GT(MaxRelativeError(want.logits[n - 1], unwindowed.logits[n - 1]), 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, TransformerTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Qwen3" : "Qwen2"; });
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,62 @@
+// The one forward primitive (see docs/ARCHITECTURE.md): a batch of extends, each one sequence's
+// slice of a batched forward.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "worker/kv/kv_cache.h"
+
+namespace tandem {
+
+// Which of an extend's NEW tokens each new token attends to. The sequence's committed KV is
+// always visible; a new token does not automatically see itself (kExplicit must set the
+// diagonal if it should).
+struct Visibility {
+  enum class Kind : uint8_t {
+    kCausal,    // i sees j <= i
+    kFull,      // i sees every new token
+    kBlock,     // i sees j when j / block_size <= i / block_size (block-causal)
+    kExplicit,  // bits
+  };
+  Kind kind = Kind::kCausal;
+  int block_size = 0;
+  int n = 0;                   // kExplicit: number of new tokens the bits describe
+  std::vector<uint64_t> bits;  // kExplicit: [n, Words(n)] rows; bit j of row i: i sees j
+
+  static Visibility Causal() { return {}; }
+  static Visibility Full() { return {.kind = Kind::kFull}; }
+  static Visibility Block(int block_size) {
+    return {.kind = Kind::kBlock, .block_size = block_size};
+  }
+  // All-false explicit mask over n tokens; fill with Allow().
+  static Visibility Explicit(int n);
+
+  static int Words(int n) { return (n + 63) / 64; }
+  void Allow(int i, int j) {
+    bits[static_cast<size_t>(i) * Words(n) + j / 64] |= uint64_t{1} << (j % 64);
+  }
+  bool Sees(int i, int j) const;
+  // Writes the [n, Words(n)] bit rows for `n` new tokens.
+  void ToBits(int n, std::vector<uint64_t>* out) const;
+};
+
+struct Extend {
+  SeqId seq = 0;
+  std::span<const int32_t> tokens;     // [n] new tokens: data, drafts, masks
+  std::span<const int32_t> positions;  // [n] RoPE positions; may repeat
+  Visibility visible;
+  std::span<const int32_t> outputs;        // indices of new tokens whose logits are returned
+  std::span<const uint8_t> lora_gate;      // [n] per-token adapter on/off; empty = off
+  std::span<const int32_t> hidden_layers;  // hidden-state taps, each in [0, num_layers]
+};
+
+struct ExtendOutput {
+  std::vector<float> logits;  // [outputs.size(), vocab_size]
+  // [hidden_layers.size(), n, hidden_size]: residual stream after that many layers
+  // (0 = embeddings; num_layers = before the final norm).
+  std::vector<float> hidden;
+};
+
+}  // namespace tandem

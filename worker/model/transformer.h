@@ -1,0 +1,59 @@
+// A decoder-only transformer (Llama / Mistral / Qwen2 / Qwen3 blocks) on the CPU in fp32.
+//
+// Forward runs a batch of extends over the paged KV cache: every extend's sequence must have
+// Reserve()d exactly its token count in the cache first; the new tokens' K/V are written to
+// those tentative slots and KvCache::Commit decides which are kept.
+//
+// Thread-safety: Forward mutates only the KvCache passed in and per-call buffers; one caller at a
+// time (the worker actor).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/model/checkpoint/lora.h"
+#include "worker/model/checkpoint/model_config.h"
+#include "worker/model/extend.h"
+#include "worker/model/weights.h"
+
+namespace tandem {
+
+class Transformer {
+ public:
+  // Loads config.json and the safetensors weights in `dir`.
+  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& dir);
+  static std::unique_ptr<Transformer> FromWeights(ModelConfig config, ModelWeights weights);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+
+  // Options for a KV cache that fits this model, holding `max_tokens` tokens in total.
+  KvCacheOptions KvOptions(int64_t max_tokens, int block_size = 16) const;
+
+  // The adapter used by extends whose lora_gate is set (one adapter per model).
+  void SetLoraAdapter(LoraAdapter adapter) { lora_ = std::move(adapter); }
+  bool has_lora() const { return lora_.has_value(); }
+
+  // Runs the batch; returns one output per extend, in order. InvalidArgument for malformed
+  // extends (token or position out of range, missing reservation, bad indices); nothing is
+  // written to the cache then.
+  absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch, KvCache& kv);
+
+ private:
+  Transformer(ModelConfig config, ModelWeights weights);
+
+  absl::Status Validate(std::span<const Extend> batch, const KvCache& kv) const;
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::vector<float> inv_freq_;  // RoPE [head_dim / 2]
+  float rope_scaling_ = 1.0f;
+  std::optional<LoraAdapter> lora_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,140 @@
+#include "worker/model/weights.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/model/checkpoint/checkpoint.h"
+
+namespace tandem {
+
+namespace {
+
+void Append(std::vector<float>* dst, const std::vector<float>& src) {
+  dst->insert(dst->end(), src.begin(), src.end());
+}
+
+size_t Bytes(const std::vector<float>& v) { return v.size() * sizeof(float); }
+
+}  // namespace
+
+size_t ModelWeights::StepBytes() const {
+  size_t total = Bytes(final_norm) + Bytes(Head());
+  for (const LayerWeights& l : layers) {
+    total += Bytes(l.input_norm) + Bytes(l.qkv) + Bytes(l.qkv_bias) + Bytes(l.q_norm) +
+             Bytes(l.k_norm) + Bytes(l.o) + Bytes(l.o_bias) + Bytes(l.post_norm) +
+             Bytes(l.gate_up) + Bytes(l.gate_up_bias) + Bytes(l.down) + Bytes(l.down_bias);
+  }
+  return total;
+}
+
+size_t ModelWeights::ParameterCount() const {
+  size_t total = embed.size() + final_norm.size() + lm_head.size();
+  for (const LayerWeights& l : layers) {
+    total += l.input_norm.size() + l.qkv.size() + l.qkv_bias.size() + l.q_norm.size() +
+             l.k_norm.size() + l.o.size() + l.o_bias.size() + l.post_norm.size() +
+             l.gate_up.size() + l.gate_up_bias.size() + l.down.size() + l.down_bias.size();
+  }
+  return total;
+}
+
+absl::StatusOr<ModelWeights> LoadWeights(const std::string& dir, const ModelConfig& c) {
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(dir));
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, d = c.head_dim;
+  const int64_t q_out = int64_t{c.num_heads} * d, kv_out = int64_t{c.num_kv_heads} * d;
+  ModelWeights w;
+  TANDEM_ASSIGN_OR_RETURN(w.embed,
+                          ckpt->LoadF32("model.embed_tokens.weight", {c.vocab_size, hidden}));
+  TANDEM_ASSIGN_OR_RETURN(w.final_norm, ckpt->LoadF32("model.norm.weight", {hidden}));
+  if (!c.tie_word_embeddings) {
+    TANDEM_ASSIGN_OR_RETURN(w.lm_head, ckpt->LoadF32("lm_head.weight", {c.vocab_size, hidden}));
+  }
+  w.layers.resize(c.num_layers);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    LayerWeights& l = w.layers[i];
+    TANDEM_ASSIGN_OR_RETURN(l.input_norm, ckpt->LoadF32(p + "input_layernorm.weight", {hidden}));
+    TANDEM_ASSIGN_OR_RETURN(l.post_norm,
+                            ckpt->LoadF32(p + "post_attention_layernorm.weight", {hidden}));
+    const std::string a = p + "self_attn.";
+    TANDEM_ASSIGN_OR_RETURN(auto q, ckpt->LoadF32(a + "q_proj.weight", {q_out, hidden}));
+    TANDEM_ASSIGN_OR_RETURN(auto k, ckpt->LoadF32(a + "k_proj.weight", {kv_out, hidden}));
+    TANDEM_ASSIGN_OR_RETURN(auto v, ckpt->LoadF32(a + "v_proj.weight", {kv_out, hidden}));
+    l.qkv = std::move(q);
+    Append(&l.qkv, k);
+    Append(&l.qkv, v);
+    if (c.attention_bias) {
+      TANDEM_ASSIGN_OR_RETURN(auto qb, ckpt->LoadF32(a + "q_proj.bias", {q_out}));
+      TANDEM_ASSIGN_OR_RETURN(auto kb, ckpt->LoadF32(a + "k_proj.bias", {kv_out}));
+      TANDEM_ASSIGN_OR_RETURN(auto vb, ckpt->LoadF32(a + "v_proj.bias", {kv_out}));
+      l.qkv_bias = std::move(qb);
+      Append(&l.qkv_bias, kb);
+      Append(&l.qkv_bias, vb);
+    }
+    if (c.o_proj_bias) {
+      TANDEM_ASSIGN_OR_RETURN(l.o_bias, ckpt->LoadF32(a + "o_proj.bias", {hidden}));
+    }
+    if (c.qk_norm) {
+      TANDEM_ASSIGN_OR_RETURN(l.q_norm, ckpt->LoadF32(a + "q_norm.weight", {d}));
+      TANDEM_ASSIGN_OR_RETURN(l.k_norm, ckpt->LoadF32(a + "k_norm.weight", {d}));
+    }
+    TANDEM_ASSIGN_OR_RETURN(l.o, ckpt->LoadF32(a + "o_proj.weight", {hidden, q_out}));
+    const std::string m = p + "mlp.";
+    TANDEM_ASSIGN_OR_RETURN(auto gate, ckpt->LoadF32(m + "gate_proj.weight", {inter, hidden}));
+    TANDEM_ASSIGN_OR_RETURN(auto up, ckpt->LoadF32(m + "up_proj.weight", {inter, hidden}));
+    l.gate_up = std::move(gate);
+    Append(&l.gate_up, up);
+    TANDEM_ASSIGN_OR_RETURN(l.down, ckpt->LoadF32(m + "down_proj.weight", {hidden, inter}));
+    if (c.mlp_bias) {
+      TANDEM_ASSIGN_OR_RETURN(auto gb, ckpt->LoadF32(m + "gate_proj.bias", {inter}));
+      TANDEM_ASSIGN_OR_RETURN(auto ub, ckpt->LoadF32(m + "up_proj.bias", {inter}));
+      l.gate_up_bias = std::move(gb);
+      Append(&l.gate_up_bias, ub);
+      TANDEM_ASSIGN_OR_RETURN(l.down_bias, ckpt->LoadF32(m + "down_proj.bias", {hidden}));
+    }
+  }
+  return w;
+}
+
+ModelWeights RandomWeights(const ModelConfig& c, uint64_t seed, float stddev) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  auto randn = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  auto norm = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = 1.0f + normal(rng);
+    return v;
+  };
+  const size_t hidden = c.hidden_size, inter = c.intermediate_size, d = c.head_dim;
+  const size_t qkv_out = (static_cast<size_t>(c.num_heads) + 2 * c.num_kv_heads) * d;
+  ModelWeights w;
+  w.embed = randn(static_cast<size_t>(c.vocab_size) * hidden);
+  w.final_norm = norm(hidden);
+  if (!c.tie_word_embeddings) w.lm_head = randn(static_cast<size_t>(c.vocab_size) * hidden);
+  w.layers.resize(c.num_layers);
+  for (LayerWeights& l : w.layers) {
+    l.input_norm = norm(hidden);
+    l.post_norm = norm(hidden);
+    l.qkv = randn(qkv_out * hidden);
+    if (c.attention_bias) l.qkv_bias = randn(qkv_out);
+    if (c.o_proj_bias) l.o_bias = randn(hidden);
+    if (c.mlp_bias) {
+      l.gate_up_bias = randn(2 * inter);
+      l.down_bias = randn(hidden);
+    }
+    if (c.qk_norm) {
+      l.q_norm = norm(d);
+      l.k_norm = norm(d);
+    }
+    l.o = randn(hidden * c.num_heads * d);
+    l.gate_up = randn(2 * inter * hidden);
+    l.down = randn(hidden * inter);
+  }
+  return w;
+}
+
+}  // namespace tandem
