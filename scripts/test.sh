@@ -54,6 +54,7 @@ summaries=()
 failed=0
 total_tests=0
 total_failed=0
+total_skipped=0
 # A failed setup, configure or build stops the script through set -e; still say so, with time.
 on_exit() {
   local rc=$?
@@ -74,6 +75,7 @@ run_ctest() {
     total_failed=$((total_failed + BASH_REMATCH[1]))
     total_tests=$((total_tests + BASH_REMATCH[2]))
   fi
+  total_skipped=$((total_skipped + $(grep -c -E '\*\*\*Skipped' "$log" || true)))
 }
 
 stage "setup"
@@ -98,5 +100,5 @@ echo "=== test: summary"
 for line in "${summaries[@]}"; do echo "  $line"; done
 echo "test: finished in $(elapsed) wall time"
 # The closing line: one count over every stage.
-echo "tests: $((total_tests - total_failed)) passed, $total_failed failed"
+echo "tests: $((total_tests - total_failed - total_skipped)) passed, $total_failed failed, $total_skipped skipped"
 ((failed == 0)) || exit 1

@@ -1,0 +1,15 @@
+#pragma once
+
+namespace tandem::cli {
+
+struct BenchEngineArgs {
+  bool json = false;
+  int threads = 0;
+  int decode_steps = 48;
+  int prefill_tokens = 256;
+  int layers = 12;
+};
+
+int RunBenchEngine(const BenchEngineArgs& args);
+
+}  // namespace tandem::cli

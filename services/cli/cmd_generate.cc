@@ -1,0 +1,114 @@
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "nlohmann/json.hpp"
+#include "services/cli/commands.h"
+#include "worker/engine/local_generator.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::string prompt;
+  int max_tokens = 128;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool chat = false;
+  bool json = false;
+  int threads = 0;
+};
+
+int RunGenerate(const GenerateArgs& args) {
+  kernels::cpu::SetBlasThreads(args.threads);
+  auto loaded = LoadModelDir(args.model_dir);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "tandem generate: %s\n", loaded.status().ToString().c_str());
+    return 1;
+  }
+  GenerateOptions options;
+  options.max_tokens = args.max_tokens;
+  options.sampling = {.temperature = args.temperature,
+                      .top_k = args.top_k,
+                      .top_p = args.top_p,
+                      .min_p = args.min_p,
+                      .seed = args.seed};
+  options.stop_strings = args.stop;
+  options.chat = args.chat;
+  LocalGenerator generator(&*loaded);
+  auto stream = [&](std::string_view text) {
+    if (args.json) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
+  auto result = generator.Generate(args.prompt, options, stream);
+  if (!result.ok()) {
+    std::fprintf(stderr, "tandem generate: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  const double seconds = result->prefill_seconds + result->decode_seconds;
+  const int n = static_cast<int>(result->tokens.size());
+  if (args.json) {
+    nlohmann::json j = {
+        {"text", result->text},
+        {"tokens", result->tokens},
+        {"prompt_tokens", result->prompt_ids.size()},
+        {"completion_tokens", n},
+        {"finish_reason", FinishReasonName(result->finish)},
+        {"mode", "ar"},
+        {"forwards", result->forwards},
+        {"tokens_per_forward",
+         result->forwards > 0 ? static_cast<double>(n) / result->forwards : 0.0},
+        {"prefill_seconds", result->prefill_seconds},
+        {"decode_seconds", result->decode_seconds},
+        {"tokens_per_second", seconds > 0 ? n / seconds : 0.0},
+    };
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr,
+                 "[mode ar: %d prompt tokens, %d tokens (%s), %d forwards, %.2f tokens/forward, "
+                 "%.1f tokens/s]\n",
+                 static_cast<int>(result->prompt_ids.size()), n,
+                 std::string(FinishReasonName(result->finish)).c_str(), result->forwards,
+                 result->forwards > 0 ? static_cast<double>(n) / result->forwards : 0.0,
+                 seconds > 0 ? n / seconds : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterGenerate(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate",
+      "Generate text in-process from a model directory (config.json, *.safetensors, "
+      "tokenizer.json), streaming it to stdout");
+  cmd->add_option("--model", args->model_dir, "Model directory")->required();
+  cmd->add_option("--prompt", args->prompt, "Prompt text")->required();
+  cmd->add_option("--max-tokens", args->max_tokens, "Most tokens to generate")
+      ->capture_default_str();
+  cmd->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens; 0 = off");
+  cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass; 1 = off");
+  cmd->add_option("--min-p", args->min_p, "Drop tokens below min-p times the top probability");
+  cmd->add_option("--seed", args->seed, "Seed of the counter-based sampler");
+  cmd->add_option("--stop", args->stop, "Stop string (repeatable)");
+  cmd->add_flag("--chat", args->chat, "Wrap the prompt as a user turn of the ChatML template");
+  cmd->add_flag("--json", args->json,
+                "Print one JSON object: text, tokens, forwards, tokens per forward, tokens/s");
+  cmd->add_option("--threads", args->threads, "CPU threads for matrix products; 0 = all cores");
+  cmd->callback([args, exit_code] { *exit_code = RunGenerate(*args); });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,64 @@
+// Single-request autoregressive generation in-process: prompt -> streamed text. Backs
+// `tandem generate`; the services run the same model through the worker actor instead.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/model/transformer.h"
+#include "worker/sampling/sampling.h"
+#include "worker/sampling/stop.h"
+#include "worker/tokenizer/tokenizer.h"
+
+namespace tandem {
+
+struct GenerateOptions {
+  int max_tokens = 128;
+  SamplingParams sampling;
+  std::vector<std::string> stop_strings;
+  std::vector<int32_t> extra_stop_token_ids;  // besides the model's EOS ids
+  bool chat = false;                          // wrap the prompt in the ChatML template
+};
+
+struct GenerateResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> tokens;  // committed completion tokens (a stop token included)
+  std::string text;             // emitted text (stop strings and stop tokens excluded)
+  FinishReason finish = FinishReason::kNone;
+  int forwards = 0;  // target forwards, prefill included
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// A loaded model with its tokenizer.
+struct LoadedModel {
+  std::string dir;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+// Loads <dir>/config.json, weights and tokenizer.json.
+absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir);
+
+class LocalGenerator {
+ public:
+  // `on_text` receives each emitted text delta as soon as it is safe to show.
+  using TextSink = std::function<void(std::string_view)>;
+
+  explicit LocalGenerator(LoadedModel* model);
+
+  // Empty prompts, prompts that leave no room for one new token within the model's context, and
+  // max_tokens <= 0 are InvalidArgument.
+  absl::StatusOr<GenerateResult> Generate(const std::string& prompt, const GenerateOptions& options,
+                                          const TextSink& on_text = nullptr);
+
+ private:
+  LoadedModel* model_;
+};
+
+}  // namespace tandem
