@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "kernels/cpu/gemm.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
@@ -15,6 +16,8 @@ namespace {
 struct GenerateArgs {
   std::string model_dir;
   std::string prompt;
+  std::string mode = "ar";
+  ModeOptions mode_options;
   int max_tokens = 128;
   float temperature = 0.0f;
   int top_k = 0;
@@ -35,6 +38,8 @@ int RunGenerate(const GenerateArgs& args) {
     return 1;
   }
   GenerateOptions options;
+  options.mode = args.mode;
+  options.mode_options = args.mode_options;
   options.max_tokens = args.max_tokens;
   options.sampling = {.temperature = args.temperature,
                       .top_k = args.top_k,
@@ -54,7 +59,7 @@ int RunGenerate(const GenerateArgs& args) {
     std::fprintf(stderr, "tandem generate: %s\n", result.status().ToString().c_str());
     return 1;
   }
-  const double seconds = result->prefill_seconds + result->decode_seconds;
+  const double seconds = result->seconds;
   const int n = static_cast<int>(result->tokens.size());
   if (args.json) {
     nlohmann::json j = {
@@ -63,20 +68,23 @@ int RunGenerate(const GenerateArgs& args) {
         {"prompt_tokens", result->prompt_ids.size()},
         {"completion_tokens", n},
         {"finish_reason", FinishReasonName(result->finish)},
-        {"mode", "ar"},
+        {"mode", result->mode},
+        {"lossless", result->lossless},
         {"forwards", result->forwards},
+        {"drafted_tokens", result->drafted},
+        {"accepted_tokens", result->accepted},
         {"tokens_per_forward",
          result->forwards > 0 ? static_cast<double>(n) / result->forwards : 0.0},
-        {"prefill_seconds", result->prefill_seconds},
-        {"decode_seconds", result->decode_seconds},
+        {"seconds", seconds},
         {"tokens_per_second", seconds > 0 ? n / seconds : 0.0},
     };
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
     std::fprintf(stderr,
-                 "[mode ar: %d prompt tokens, %d tokens (%s), %d forwards, %.2f tokens/forward, "
+                 "[mode %s%s: %d prompt tokens, %d tokens (%s), %d forwards, %.2f tokens/forward, "
                  "%.1f tokens/s]\n",
+                 result->mode.c_str(), result->lossless ? "" : " (lossy)",
                  static_cast<int>(result->prompt_ids.size()), n,
                  std::string(FinishReasonName(result->finish)).c_str(), result->forwards,
                  result->forwards > 0 ? static_cast<double>(n) / result->forwards : 0.0,
@@ -95,6 +103,14 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       "tokenizer.json), streaming it to stdout");
   cmd->add_option("--model", args->model_dir, "Model directory")->required();
   cmd->add_option("--prompt", args->prompt, "Prompt text")->required();
+  cmd->add_option("--mode", args->mode, "Decoding mode: " + absl::StrJoin(ImplementedModes(), ", "))
+      ->capture_default_str();
+  cmd->add_option("--jacobi-block", args->mode_options.jacobi_block_size,
+                  "jacobi: tokens refined per iteration (n)")
+      ->capture_default_str();
+  cmd->add_option("--jacobi-blocks", args->mode_options.jacobi_blocks,
+                  "jacobi: blocks in flight (K, multi-block decoding)")
+      ->capture_default_str();
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens to generate")
       ->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")

@@ -5,18 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/decoding/runner.h"
 
 namespace tandem {
-
-namespace {
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
-
-constexpr SeqId kSeq = 0;
-
-}  // namespace
 
 absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir) {
   LoadedModel loaded;
@@ -38,7 +29,11 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   }
   const ModelConfig& config = model_->model->config();
   const Tokenizer& tokenizer = *model_->tokenizer;
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DecodingMode> mode,
+                          CreateMode(options.mode, options.mode_options, config, options.sampling));
   GenerateResult result;
+  result.mode = std::string(mode->name());
+  result.lossless = mode->lossless();
   std::string text = prompt;
   if (options.chat) {
     const ChatTurn turn{"user", prompt};
@@ -65,50 +60,45 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   StopChecker checker(std::move(stop));
   IncrementalDetokenizer detok(tokenizer);
 
-  KvCache kv(model_->model->KvOptions(prompt_len + max_tokens));
-  TANDEM_RETURN_IF_ERROR(kv.AddSequence(kSeq));
-  std::vector<int32_t> tokens = result.prompt_ids;
-  std::vector<int32_t> positions(tokens.size());
-  for (int i = 0; i < prompt_len; ++i) positions[i] = i;
-  auto start = std::chrono::steady_clock::now();
-  while (true) {
-    const int n = static_cast<int>(tokens.size());
-    if (!kv.Reserve(kSeq, n)) return absl::InternalError("KV cache sized for the request is full");
-    const std::vector<int32_t> outputs = {n - 1};
-    Extend extend{.seq = kSeq, .tokens = tokens, .positions = positions, .outputs = outputs};
-    TANDEM_ASSIGN_OR_RETURN(std::vector<ExtendOutput> out,
-                            model_->model->Forward({&extend, 1}, kv));
-    ++result.forwards;
-    std::vector<int32_t> keep(n);
-    for (int i = 0; i < n; ++i) keep[i] = i;
-    TANDEM_RETURN_IF_ERROR(kv.Commit(kSeq, keep));
-    if (result.forwards == 1) {
-      result.prefill_seconds = Seconds(start);
-      start = std::chrono::steady_clock::now();
+  absl::Status stream_status;
+  FinishReason text_finish = FinishReason::kNone;
+  auto emit = [&](const std::string& piece) {
+    if (piece.empty()) return;
+    result.text += piece;
+    if (on_text) on_text(piece);
+  };
+  RunOptions run;
+  run.max_tokens = max_tokens;
+  run.sampling = options.sampling;
+  run.on_token = [&](int32_t token) {
+    absl::StatusOr<std::string> delta = detok.Push({&token, 1});
+    if (!delta.ok()) {
+      stream_status = delta.status();
+      return true;
     }
-    const int position = kv.CommittedLength(kSeq);
-    const int32_t token = SampleToken(out[0].logits, options.sampling, position);
-    result.tokens.push_back(token);
-    TANDEM_ASSIGN_OR_RETURN(std::string delta, detok.Push({&token, 1}));
-    StopChecker::Step step = checker.Push(token, delta);
-    if (!step.text.empty()) {
-      result.text += step.text;
-      if (on_text) on_text(step.text);
-    }
-    if (step.finish != FinishReason::kNone) {
-      result.finish = step.finish;
-      // A length cut can fall inside a UTF-8 character; show what is left of it.
-      if (step.finish == FinishReason::kLength) {
-        const std::string tail = detok.Flush();
-        result.text += tail;
-        if (on_text && !tail.empty()) on_text(tail);
-      }
-      break;
-    }
-    tokens = {token};
-    positions = {position};
+    StopChecker::Step step = checker.Push(token, *delta);
+    emit(step.text);
+    text_finish = step.finish;
+    return step.finish != FinishReason::kNone;
+  };
+  // Modes may overshoot the context by a few drafts; the cache holds them all.
+  KvCache kv(model_->model->KvOptions(prompt_len + max_tokens + 256));
+  const auto start = std::chrono::steady_clock::now();
+  TANDEM_ASSIGN_OR_RETURN(RunStats stats,
+                          RunSequence(*model_->model, kv, 0, *mode, result.prompt_ids, run));
+  TANDEM_RETURN_IF_ERROR(stream_status);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.tokens = std::move(stats.tokens);
+  result.forwards = stats.forwards;
+  result.drafted = stats.drafted;
+  result.accepted = stats.accepted;
+  result.steps_with_drafts = stats.steps_with_drafts;
+  result.finish = text_finish != FinishReason::kNone ? text_finish : stats.finish;
+  if (result.finish != FinishReason::kStop) {
+    // Text held back for a possible stop string, and a character cut by the length limit.
+    emit(checker.Flush());
+    emit(detok.Flush());
   }
-  result.decode_seconds = Seconds(start);
   return result;
 }
 

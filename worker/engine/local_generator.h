@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/decoding/modes.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/transformer.h"
 #include "worker/sampling/sampling.h"
@@ -18,6 +19,8 @@
 namespace tandem {
 
 struct GenerateOptions {
+  std::string mode = "ar";
+  ModeOptions mode_options;
   int max_tokens = 128;
   SamplingParams sampling;
   std::vector<std::string> stop_strings;
@@ -30,9 +33,13 @@ struct GenerateResult {
   std::vector<int32_t> tokens;  // committed completion tokens (a stop token included)
   std::string text;             // emitted text (stop strings and stop tokens excluded)
   FinishReason finish = FinishReason::kNone;
+  std::string mode;
+  bool lossless = true;
   int forwards = 0;  // target forwards, prefill included
-  double prefill_seconds = 0;
-  double decode_seconds = 0;
+  int drafted = 0;   // draft tokens proposed
+  int accepted = 0;  // draft tokens accepted
+  int steps_with_drafts = 0;
+  double seconds = 0;  // prefill and decode
 };
 
 // A loaded model with its tokenizer.
@@ -52,8 +59,8 @@ class LocalGenerator {
 
   explicit LocalGenerator(LoadedModel* model);
 
-  // Empty prompts, prompts that leave no room for one new token within the model's context, and
-  // max_tokens <= 0 are InvalidArgument.
+  // Empty prompts, prompts that leave no room for one new token within the model's context,
+  // max_tokens <= 0 and unknown modes are InvalidArgument.
   absl::StatusOr<GenerateResult> Generate(const std::string& prompt, const GenerateOptions& options,
                                           const TextSink& on_text = nullptr);
 

@@ -1,0 +1,74 @@
+// A decoding mode is pure host logic over the extend/commit primitive: each step it plans one
+// extend for its sequence, then consumes that extend's outputs and says which new tokens'
+// KV to keep and which tokens the sequence gains. Modes never touch the model or the cache;
+// the runner (or the worker's scheduler, batching many sequences) does.
+//
+// Invariant between steps: the sequence's first `kv_len` tokens have their KV in the cache; the
+// rest (usually the last sampled token, or the whole prompt at the start) are "pending" and
+// must be the first tokens of the next extend, at positions kv_len, kv_len + 1, ... and
+// visible causally among themselves.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/extend.h"
+#include "worker/sampling/sampling.h"
+
+namespace tandem {
+
+// What a mode sees of its sequence.
+struct DecodeState {
+  std::span<const int32_t> tokens;  // prompt + generated tokens, all final
+  int prompt_len = 0;
+  int kv_len = 0;  // leading tokens whose KV is committed
+  int budget = 0;  // most tokens the sequence may still gain (> 0)
+  const SamplingParams* sampling = nullptr;
+
+  int pending() const { return static_cast<int>(tokens.size()) - kv_len; }
+};
+
+// One step's extend, owned by the mode until the step is consumed.
+struct StepPlan {
+  std::vector<int32_t> tokens;     // [n], starting with the pending tokens
+  std::vector<int32_t> positions;  // [n]
+  Visibility visible;
+  std::vector<int32_t> outputs;    // indices of tokens whose logits are needed
+  std::vector<uint8_t> lora_gate;  // [n] or empty
+  std::vector<int32_t> hidden_layers;
+};
+
+struct StepResult {
+  std::vector<int32_t> keep;    // plan indices whose KV is kept, increasing; starts with every
+                                // pending token's index
+  std::vector<int32_t> append;  // tokens the sequence gains, in order (may be empty)
+  int drafted = 0;              // draft tokens proposed in this step
+  int accepted = 0;             // of those, accepted
+};
+
+class DecodingMode {
+ public:
+  virtual ~DecodingMode() = default;
+
+  virtual std::string_view name() const = 0;
+  // Lossless modes reproduce the target's AR distribution (and its greedy output exactly).
+  virtual bool lossless() const = 0;
+
+  virtual StepPlan Plan(const DecodeState& state) = 0;
+  // `out` holds the logits of plan.outputs in order (and hidden states if asked for).
+  virtual absl::StatusOr<StepResult> Consume(const DecodeState& state, const StepPlan& plan,
+                                             const ExtendOutput& out) = 0;
+};
+
+// The pending tokens as the head of an extend: positions kv_len.., causal.
+void AppendPending(const DecodeState& state, StepPlan* plan);
+
+// Row `i` of a [rows, vocab] logits buffer.
+inline std::span<const float> LogitsRow(const ExtendOutput& out, int i, int vocab) {
+  return {out.logits.data() + static_cast<size_t>(i) * vocab, static_cast<size_t>(vocab)};
+}
+
+}  // namespace tandem

@@ -1,0 +1,33 @@
+// Creating decoding modes by name.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/decoding/decoding_mode.h"
+#include "worker/model/checkpoint/model_config.h"
+
+namespace tandem {
+
+// Knobs of every mode; each mode reads its own and ignores the rest.
+struct ModeOptions {
+  int jacobi_block_size = 16;       // n: tokens refined per Jacobi iteration
+  int jacobi_blocks = 1;            // K: blocks kept in flight (multi-block decoding)
+  float jacobi_spawn_ratio = 0.5f;  // r: a new block spawns when a block has >= ceil(r n) accepted
+  int jacobi_pool_size = 64;        // n-grams kept for rejection recycling (0 = off)
+  int jacobi_candidates = 2;        // recycled candidates verified per iteration
+};
+
+// Names of the modes this build implements, in the order `tandem --help` lists them.
+std::vector<std::string> ImplementedModes();
+
+// InvalidArgument for an unknown mode or options/sampling the mode cannot honour.
+absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
+                                                         const ModeOptions& options,
+                                                         const ModelConfig& config,
+                                                         const SamplingParams& sampling);
+
+}  // namespace tandem
