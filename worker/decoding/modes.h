@@ -19,6 +19,7 @@ struct ModeOptions {
   float jacobi_spawn_ratio = 0.5f;  // r: a new block spawns when a block has >= ceil(r n) accepted
   int jacobi_pool_size = 64;        // n-grams kept for rejection recycling (0 = off)
   int jacobi_candidates = 2;        // recycled candidates verified per iteration
+  bool jacobi_prompt_lookup = false;  // one more candidate by prompt lookup (not pcLLM)
 };
 
 // Names of the modes this build implements, in the order `tandem --help` lists them.

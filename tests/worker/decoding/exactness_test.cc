@@ -1,0 +1,366 @@
+// The exactness harness for lossless decoding modes: under greedy decoding a lossless mode
+// must reproduce ArMode's tokens exactly — over many prompts on two random-weight
+// architectures, with stop tokens that land inside a multi-token step, at max_tokens boundaries
+// around the draft length, and with the budget ending at the model's context limit. A mode
+// joins by adding one line to the INSTANTIATE_TEST_SUITE_P list at the bottom.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "tests/worker/decoding/tiny_models.h"
+#include "worker/decoding/ar.h"
+#include "worker/decoding/modes.h"
+
+namespace tandem {
+namespace {
+
+using testing::TinyArch;
+
+constexpr int kPromptsPerModel = 30;
+constexpr int kMaxTokens = 48;
+constexpr int kContext = 128;  // the tiny models' max_position_embeddings
+
+struct ModeCase {
+  std::string label;  // test name suffix
+  std::string mode;   // name for CreateMode
+  ModeOptions options;
+  int draft_len = 1;   // tokens a step drafts; max_tokens boundaries are probed around it
+  bool drafts = true;  // the suite then asserts that drafts were accepted (not vacuous)
+};
+
+void PrintTo(const ModeCase& c, std::ostream* os) { *os << c.label; }
+
+ModeOptions JacobiOptions(int n, int blocks, int candidates, int pool) {
+  ModeOptions o;
+  o.jacobi_block_size = n;
+  o.jacobi_blocks = blocks;
+  o.jacobi_candidates = candidates;
+  o.jacobi_pool_size = pool;
+  return o;
+}
+
+ModeCase Jacobi(std::string label, int n, int blocks, int candidates, int pool = 64,
+                bool lookup = false) {
+  ModeOptions options = JacobiOptions(n, blocks, candidates, pool);
+  options.jacobi_prompt_lookup = lookup;
+  return {.label = std::move(label), .mode = "jacobi", .options = options, .draft_len = n};
+}
+
+// Checks what the runner cannot: no position reaches the model's context, a step never gains
+// more tokens than the budget or accepts more drafts than it proposed. Records each step's
+// appended tokens so tests can see where a stop token fell.
+class CheckedMode : public DecodingMode {
+ public:
+  CheckedMode(std::unique_ptr<DecodingMode> inner, int max_positions)
+      : inner_(std::move(inner)), max_positions_(max_positions) {}
+
+  std::string_view name() const override { return inner_->name(); }
+  bool lossless() const override { return inner_->lossless(); }
+  StepPlan Plan(const DecodeState& state) override { return inner_->Plan(state); }
+
+  absl::StatusOr<StepResult> Consume(const DecodeState& state, const StepPlan& plan,
+                                     const ExtendOutput& out) override {
+    for (int32_t p : plan.positions) {
+      if (p >= max_positions_) {
+        return absl::InternalError(
+            absl::StrCat("position ", p, " is past the context of ", max_positions_));
+      }
+    }
+    absl::StatusOr<StepResult> r = inner_->Consume(state, plan, out);
+    if (!r.ok()) return r;
+    if (static_cast<int>(r->append.size()) > state.budget) {
+      return absl::InternalError(absl::StrCat("step gained ", r->append.size(),
+                                              " tokens with a budget of ", state.budget));
+    }
+    if (r->accepted > r->drafted || r->accepted < 0) {
+      return absl::InternalError(
+          absl::StrCat("accepted ", r->accepted, " of ", r->drafted, " drafts"));
+    }
+    steps_.push_back(r->append);
+    return r;
+  }
+
+  const std::vector<std::vector<int32_t>>& steps() const { return steps_; }
+
+ private:
+  std::unique_ptr<DecodingMode> inner_;
+  int max_positions_;
+  std::vector<std::vector<int32_t>> steps_;
+};
+
+using ModeFactory =
+    std::function<absl::StatusOr<std::unique_ptr<DecodingMode>>(const ModelConfig&)>;
+
+struct Tally {
+  int64_t runs = 0;
+  int64_t forwards = 0;
+  int64_t tokens = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  int64_t stops_inside_steps = 0;  // stop token followed by more tokens of the same step
+
+  double Tpf() const { return forwards > 0 ? static_cast<double>(tokens) / forwards : 0; }
+};
+
+std::string Show(std::span<const int32_t> tokens) { return absl::StrJoin(tokens, " "); }
+
+RunOptions Options(int max_tokens, std::optional<int32_t> stop) {
+  RunOptions run;
+  run.max_tokens = max_tokens;
+  if (stop) run.on_token = [token = *stop](int32_t t) { return t == token; };
+  return run;
+}
+
+// Decodes `prompt` with ArMode and with the mode under test; they must agree on every token
+// and on why they finished.
+::testing::AssertionResult MatchesAr(Transformer& model, const ModeFactory& factory,
+                                     std::span<const int32_t> prompt, int max_tokens,
+                                     std::optional<int32_t> stop, Tally* tally) {
+  ArMode ar(model.config().vocab_size);
+  absl::StatusOr<RunStats> want = testing::RunOnce(model, ar, prompt, Options(max_tokens, stop));
+  if (!want.ok()) return ::testing::AssertionFailure() << "ar: " << want.status();
+  absl::StatusOr<std::unique_ptr<DecodingMode>> created = factory(model.config());
+  if (!created.ok()) return ::testing::AssertionFailure() << created.status();
+  CheckedMode mode(std::move(*created), model.config().max_position_embeddings);
+  absl::StatusOr<RunStats> got = testing::RunOnce(model, mode, prompt, Options(max_tokens, stop));
+  if (!got.ok()) return ::testing::AssertionFailure() << mode.name() << ": " << got.status();
+
+  tally->runs += 1;
+  tally->forwards += got->forwards;
+  tally->tokens += static_cast<int64_t>(got->tokens.size());
+  tally->drafted += got->drafted;
+  tally->accepted += got->accepted;
+  if (stop && got->finish == FinishReason::kStop) {
+    size_t seen = 0;
+    for (const std::vector<int32_t>& step : mode.steps()) {
+      seen += step.size();
+      if (seen >= got->tokens.size()) {
+        if (seen > got->tokens.size()) tally->stops_inside_steps += 1;
+        break;
+      }
+    }
+  }
+
+  const auto context = [&] {
+    return absl::StrCat("\n  prompt: ", Show(prompt), "\n  max_tokens ", max_tokens,
+                        stop ? absl::StrCat(", stop token ", *stop) : std::string(),
+                        "\n  ar:     ", Show(want->tokens), "\n  ", std::string(mode.name()), ": ",
+                        Show(got->tokens));
+  };
+  const size_t common = std::min(want->tokens.size(), got->tokens.size());
+  for (size_t i = 0; i < common; ++i) {
+    if (want->tokens[i] != got->tokens[i]) {
+      return ::testing::AssertionFailure() << "first difference at token " << i << context();
+    }
+  }
+  if (want->tokens.size() != got->tokens.size()) {
+    return ::testing::AssertionFailure() << "lengths differ" << context();
+  }
+  if (want->finish != got->finish) {
+    return ::testing::AssertionFailure() << "finish " << FinishReasonName(got->finish) << ", ar "
+                                         << FinishReasonName(want->finish) << context();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct TestModel {
+  std::string name;
+  std::unique_ptr<Transformer> model;
+  std::vector<std::vector<int32_t>> prompts;
+};
+
+// Built once for the whole binary: the models are immutable and every run has its own cache.
+const std::vector<TestModel>& Models() {
+  static const std::vector<TestModel>* models = [] {
+    auto* m = new std::vector<TestModel>();
+    m->push_back({"qwen2", testing::TinyModel(TinyArch::kQwen2, 7, kContext),
+                  testing::TestPrompts(64, kPromptsPerModel, 11)});
+    m->push_back({"qwen3", testing::TinyModel(TinyArch::kQwen3, 8, kContext),
+                  testing::TestPrompts(97, kPromptsPerModel, 12)});
+    return m;
+  }();
+  return *models;
+}
+
+class ExactnessTest : public ::testing::TestWithParam<ModeCase> {
+ protected:
+  ModeFactory Factory() const {
+    const ModeCase c = GetParam();
+    return [c](const ModelConfig& config) {
+      return CreateMode(c.mode, c.options, config, SamplingParams{});
+    };
+  }
+};
+
+TEST_P(ExactnessTest, GreedyOutputEqualsArOnManyPrompts) {
+  Tally all;
+  for (const TestModel& m : Models()) {
+    Tally tally;
+    for (size_t p = 0; p < m.prompts.size(); ++p) {
+      EXPECT_TRUE(MatchesAr(*m.model, Factory(), m.prompts[p], kMaxTokens, std::nullopt, &tally))
+          << m.name << " prompt " << p;
+    }
+    std::printf(
+        "[ tpf      ] %s on %s: %.3f tokens/forward (%lld tokens, %lld forwards, "
+        "%lld of %lld drafts accepted)\n",
+        GetParam().label.c_str(), m.name.c_str(), tally.Tpf(), static_cast<long long>(tally.tokens),
+        static_cast<long long>(tally.forwards), static_cast<long long>(tally.accepted),
+        static_cast<long long>(tally.drafted));
+    all.tokens += tally.tokens;
+    all.accepted += tally.accepted;
+  }
+  EXPECT_EQ(all.tokens, static_cast<int64_t>(Models().size()) * kPromptsPerModel * kMaxTokens);
+  if (GetParam().drafts) {
+    EXPECT_GT(all.accepted, 0) << "no draft was ever accepted";
+  }
+}
+
+TEST_P(ExactnessTest, StopTokenInsideAStep) {
+  Tally tally;
+  for (const TestModel& m : Models()) {
+    for (size_t p = 0; p < m.prompts.size(); ++p) {
+      ArMode ar(m.model->config().vocab_size);
+      absl::StatusOr<RunStats> full =
+          testing::RunOnce(*m.model, ar, m.prompts[p], Options(kMaxTokens, std::nullopt));
+      ASSERT_TRUE(full.ok()) << full.status();
+      // Tokens from the middle of the output; greedy outputs repeat, so the stop often falls
+      // well before that point, inside a run of accepted drafts.
+      for (size_t at : {full->tokens.size() / 2, full->tokens.size() - 3}) {
+        EXPECT_TRUE(
+            MatchesAr(*m.model, Factory(), m.prompts[p], kMaxTokens, full->tokens[at], &tally))
+            << m.name << " prompt " << p;
+      }
+    }
+  }
+  if (GetParam().drafts) {
+    EXPECT_GT(tally.stops_inside_steps, 0) << "no stop token fell inside a multi-token step";
+  }
+}
+
+TEST_P(ExactnessTest, MaxTokensBoundaries) {
+  const int d = GetParam().draft_len;
+  std::set<int> limits = {1, 2, d - 1, d, d + 1, 2 * d + 1};
+  limits.erase(0);
+  Tally tally;
+  for (const TestModel& m : Models()) {
+    for (size_t p = 0; p < 8; ++p) {
+      for (int limit : limits) {
+        EXPECT_TRUE(MatchesAr(*m.model, Factory(), m.prompts[p], limit, std::nullopt, &tally))
+            << m.name << " prompt " << p << " max_tokens " << limit;
+      }
+    }
+  }
+  EXPECT_EQ(tally.tokens, static_cast<int64_t>(Models().size()) * 8 *
+                              std::accumulate(limits.begin(), limits.end(), 0));
+}
+
+TEST_P(ExactnessTest, BudgetEndsAtTheContextLimit) {
+  const int d = GetParam().draft_len;
+  Tally tally;
+  for (const TestModel& m : Models()) {
+    for (int room : {1, 2, 3, d, d + 1, 2 * d + 3}) {
+      for (size_t p = 0; p < 3; ++p) {
+        // The prompt repeated up to kContext - room tokens: long and repetitive, so drafts run
+        // into the limit.
+        std::vector<int32_t> prompt;
+        while (static_cast<int>(prompt.size()) < kContext - room) {
+          prompt.push_back(m.prompts[2 * p + 1][prompt.size() % m.prompts[2 * p + 1].size()]);
+        }
+        EXPECT_TRUE(MatchesAr(*m.model, Factory(), prompt, room, std::nullopt, &tally))
+            << m.name << " room " << room;
+      }
+    }
+  }
+}
+
+// A mode with a classic verification bug: it checks all drafts but the last one, so a wrong
+// final draft slips through whenever the others match.
+class SkipsLastCheckMode : public DecodingMode {
+ public:
+  SkipsLastCheckMode(int vocab_size, int drafts, int* bug_hits)
+      : vocab_size_(vocab_size), drafts_(drafts), bug_hits_(bug_hits) {}
+
+  std::string_view name() const override { return "skips_last_check"; }
+  bool lossless() const override { return true; }
+
+  StepPlan Plan(const DecodeState& state) override {
+    StepPlan plan;
+    AppendPending(state, &plan);
+    const int n = std::min(drafts_, state.budget - 1);
+    for (int i = 0; i < n; ++i) {
+      plan.tokens.push_back(state.tokens.back());  // drafts: the last token repeated
+      plan.positions.push_back(static_cast<int32_t>(state.tokens.size()) + i);
+    }
+    const int pending = state.pending();
+    for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
+      plan.outputs.push_back(i);
+    }
+    return plan;
+  }
+
+  absl::StatusOr<StepResult> Consume(const DecodeState& state, const StepPlan& plan,
+                                     const ExtendOutput& out) override {
+    const int pending = state.pending();
+    const int n = static_cast<int>(plan.tokens.size()) - pending;
+    StepResult r;
+    for (int i = 0; i < pending; ++i) r.keep.push_back(i);
+    int k = 0;
+    while (k < n - 1 && plan.tokens[pending + k] == Argmax(LogitsRow(out, k, vocab_size_))) ++k;
+    if (n > 0 && k == n - 1) {  // the bug: the last draft is taken unchecked
+      if (plan.tokens[pending + k] != Argmax(LogitsRow(out, k, vocab_size_))) ++*bug_hits_;
+      ++k;
+    }
+    for (int i = 0; i < k; ++i) {
+      r.keep.push_back(pending + i);
+      r.append.push_back(plan.tokens[pending + i]);
+    }
+    r.append.push_back(Argmax(LogitsRow(out, k, vocab_size_)));
+    r.drafted = n;
+    r.accepted = k;
+    return r;
+  }
+
+ private:
+  int vocab_size_;
+  int drafts_;
+  int* bug_hits_;
+};
+
+TEST(ExactnessHarness, DetectsAModeThatAcceptsAWrongDraft) {
+  int bug_hits = 0;
+  int detected = 0;
+  Tally tally;
+  const ModeFactory broken =
+      [&](const ModelConfig& c) -> absl::StatusOr<std::unique_ptr<DecodingMode>> {
+    return std::make_unique<SkipsLastCheckMode>(c.vocab_size, 2, &bug_hits);
+  };
+  for (const TestModel& m : Models()) {
+    for (const std::vector<int32_t>& prompt : m.prompts) {
+      if (!MatchesAr(*m.model, broken, prompt, kMaxTokens, std::nullopt, &tally)) ++detected;
+    }
+  }
+  ASSERT_GT(bug_hits, 0) << "the broken mode never took its broken path";
+  EXPECT_GT(detected, 0) << "the harness missed " << bug_hits << " wrong acceptances";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, ExactnessTest,
+    ::testing::Values(
+        ModeCase{.label = "ar", .mode = "ar", .drafts = false},
+        Jacobi("jacobi_n4_k1_plain", 4, 1, 0, 0), Jacobi("jacobi_n8_k1_plain", 8, 1, 0, 0),
+        Jacobi("jacobi_n1_k1_plain", 1, 1, 0, 0), Jacobi("jacobi_n4_k1_recycling", 4, 1, 2),
+        Jacobi("jacobi_n6_k1_recycling", 6, 1, 3, 32), Jacobi("jacobi_n4_k2_recycling", 4, 2, 2),
+        Jacobi("jacobi_n8_k2_recycling", 8, 2, 2), Jacobi("jacobi_n4_k3_recycling", 4, 3, 2),
+        Jacobi("jacobi_n5_k3_recycling", 5, 3, 3, 16),
+        Jacobi("jacobi_n6_k1_lookup", 6, 1, 0, 0, true),
+        Jacobi("jacobi_n4_k2_recycling_lookup", 4, 2, 2, 64, true)),
+    [](const ::testing::TestParamInfo<ModeCase>& info) { return info.param.label; });
+
+}  // namespace
+}  // namespace tandem

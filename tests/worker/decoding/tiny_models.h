@@ -1,0 +1,79 @@
+// Random-weight transformers small enough to decode thousands of tokens in a test, with a
+// vocabulary small enough that greedy outputs repeat n-grams (so drafts get accepted).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "worker/decoding/runner.h"
+#include "worker/model/transformer.h"
+
+namespace tandem::testing {
+
+enum class TinyArch { kQwen2, kQwen3 };
+
+// Qwen2 style: q/k/v biases, untied head, vocab 64. Qwen3 style: per-head q/k RMSNorm, o_proj
+// and MLP biases, tied embeddings, vocab 97.
+inline ModelConfig TinyConfig(TinyArch arch, int max_positions = 128) {
+  const bool qwen3 = arch == TinyArch::kQwen3;
+  ModelConfig c;
+  c.arch = qwen3 ? Arch::kQwen3 : Arch::kQwen2;
+  c.vocab_size = qwen3 ? 97 : 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = qwen3 ? 12 : 8;
+  c.max_position_embeddings = max_positions;
+  c.qk_norm = qwen3;
+  c.attention_bias = !qwen3;
+  c.o_proj_bias = qwen3;
+  c.mlp_bias = qwen3;
+  c.tie_word_embeddings = qwen3;
+  return c;
+}
+
+inline std::unique_ptr<Transformer> TinyModel(TinyArch arch, uint64_t seed,
+                                              int max_positions = 128) {
+  const ModelConfig c = TinyConfig(arch, max_positions);
+  // Large weights make the logits peaked, so greedy outputs settle into repeating runs.
+  return Transformer::FromWeights(c, RandomWeights(c, seed, 0.35f));
+}
+
+// Runs `mode` over `prompt` with a cache of its own.
+inline absl::StatusOr<RunStats> RunOnce(Transformer& model, DecodingMode& mode,
+                                        std::span<const int32_t> prompt,
+                                        const RunOptions& options) {
+  KvCache kv(model.KvOptions(static_cast<int64_t>(prompt.size()) + options.max_tokens + 512, 16));
+  return RunSequence(model, kv, 1, mode, prompt, options);
+}
+
+// `count` prompts over [0, vocab): alternately random tokens (1..24 of them) and a short random
+// motif repeated with noise, the kind of text prompt lookup and n-gram recycling feed on.
+inline std::vector<std::vector<int32_t>> TestPrompts(int vocab, int count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto token = [&] { return static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)); };
+  std::vector<std::vector<int32_t>> prompts;
+  for (int p = 0; p < count; ++p) {
+    std::vector<int32_t> prompt;
+    if (p % 2 == 0) {
+      const int len = 1 + static_cast<int>(rng() % 24);
+      for (int i = 0; i < len; ++i) prompt.push_back(token());
+    } else {
+      std::vector<int32_t> motif(2 + rng() % 5);
+      for (int32_t& t : motif) t = token();
+      const int repeats = 2 + static_cast<int>(rng() % 4);
+      for (int r = 0; r < repeats; ++r) {
+        for (int32_t t : motif) prompt.push_back(rng() % 8 == 0 ? token() : t);
+      }
+    }
+    prompts.push_back(std::move(prompt));
+  }
+  return prompts;
+}
+
+}  // namespace tandem::testing
