@@ -8,10 +8,10 @@
 #define TANDEM_CONCAT_(a, b) TANDEM_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define TANDEM_RETURN_IF_ERROR(expr)                  \
-  do {                                                \
-    ::absl::Status tandem_status_ = (expr);           \
-    if (!tandem_status_.ok()) return tandem_status_;  \
+#define TANDEM_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status tandem_status_ = (expr);          \
+    if (!tandem_status_.ok()) return tandem_status_; \
   } while (0)
 
 // `lhs = value of expr` or returns its error. `lhs` may declare a variable.
