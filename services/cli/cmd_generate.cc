@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/gemm.h"
 #include "nlohmann/json.hpp"
@@ -15,6 +16,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model_dir;
+  std::string drafter_dir;  // spec: the drafter model; may equal model_dir
   std::string prompt;
   std::string mode = "ar";
   ModeOptions mode_options;
@@ -38,6 +40,18 @@ int RunGenerate(const GenerateArgs& args) {
     return 1;
   }
   GenerateOptions options;
+  // Drafting with the target itself shares its weights (the drafter keeps its own KV cache).
+  absl::StatusOr<LoadedModel> drafter;
+  if (!args.drafter_dir.empty() && args.drafter_dir != args.model_dir) {
+    drafter = LoadModelDir(args.drafter_dir);
+    if (!drafter.ok()) {
+      std::fprintf(stderr, "tandem generate: drafter: %s\n", drafter.status().ToString().c_str());
+      return 1;
+    }
+    options.drafter = &*drafter;
+  } else if (!args.drafter_dir.empty()) {
+    options.drafter = &*loaded;
+  }
   options.mode = args.mode;
   options.mode_options = args.mode_options;
   options.max_tokens = args.max_tokens;
@@ -73,6 +87,9 @@ int RunGenerate(const GenerateArgs& args) {
         {"forwards", result->forwards},
         {"drafted_tokens", result->drafted},
         {"accepted_tokens", result->accepted},
+        {"acceptance_rate",
+         result->drafted > 0 ? static_cast<double>(result->accepted) / result->drafted : 0.0},
+        {"drafter_forwards", result->drafter_forwards},
         {"tokens_per_forward",
          result->forwards > 0 ? static_cast<double>(n) / result->forwards : 0.0},
         {"seconds", seconds},
@@ -81,6 +98,11 @@ int RunGenerate(const GenerateArgs& args) {
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
+    if (result->drafted > 0) {
+      std::fprintf(stderr, "[drafts: %d of %d accepted (%.1f%%), %d drafter forwards]\n",
+                   result->accepted, result->drafted, 100.0 * result->accepted / result->drafted,
+                   result->drafter_forwards);
+    }
     std::fprintf(stderr,
                  "[mode %s%s: %d prompt tokens, %d tokens (%s), %d forwards, %.2f tokens/forward, "
                  "%.1f tokens/s]\n",
@@ -110,6 +132,18 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--jacobi-blocks", args->mode_options.jacobi_blocks,
                   "jacobi: blocks in flight (K, multi-block decoding)")
+      ->capture_default_str();
+  cmd->add_option("--diffusion-threshold", args->mode_options.diffusion_threshold,
+                  "diffusion: unmask slots whose top-1 probability reaches this (0 = whole "
+                  "block per forward)")
+      ->capture_default_str();
+  cmd->add_option("--self-spec-k", args->mode_options.self_spec_draft_len,
+                  "self_spec: <|mask|> drafts per cycle; 0 = the model's block size")
+      ->capture_default_str();
+  cmd->add_option("--drafter", args->drafter_dir,
+                  "spec: drafter model directory (same tokenizer; may be the --model directory)");
+  cmd->add_option("--gamma", args->mode_options.spec_gamma,
+                  "spec: draft tokens verified per step; 0 = AR steps")
       ->capture_default_str();
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens to generate")
       ->capture_default_str();

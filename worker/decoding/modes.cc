@@ -4,11 +4,40 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/decoding/ar.h"
+#include "worker/decoding/diffusion.h"
 #include "worker/decoding/jacobi.h"
+#include "worker/decoding/self_spec.h"
+#include "worker/decoding/spec.h"
+#include "worker/model/transformer.h"
 
 namespace tandem {
 
-std::vector<std::string> ImplementedModes() { return {"ar", "jacobi"}; }
+namespace {
+
+// Drafter KV capacity when neither model states a context length.
+constexpr int kDefaultDrafterCapacity = 8192;
+
+// The <|mask|> id and block size that the diffusion pathway of a tri-mode checkpoint needs.
+absl::Status CheckDiffusionPathway(std::string_view mode, const ModelConfig& config,
+                                   int block_option) {
+  if (!config.diffusion.mask_token_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mode ", std::string(mode), " needs a checkpoint with a <|mask|> token: config.json has ",
+        "no mask_token_id and tokenizer.json no <|mask|>; use a block-diffusion model"));
+  }
+  if (block_option <= 0 && config.diffusion.block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("mode ", std::string(mode),
+                                                   " needs a block size: config.json has no "
+                                                   "block_size; pass one in the mode options"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::string> ImplementedModes() {
+  return {"ar", "jacobi", "spec", "self_spec", "diffusion"};
+}
 
 absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
                                                          const ModeOptions& options,
@@ -27,6 +56,53 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
                                .prompt_lookup = options.jacobi_prompt_lookup};
     TANDEM_RETURN_IF_ERROR(ValidateJacobiOptions(jacobi));
     return std::make_unique<JacobiMode>(jacobi, config.vocab_size, config.max_position_embeddings);
+  }
+  if (name == "spec") {
+    if (options.spec_drafter == nullptr) {
+      return absl::InvalidArgumentError("spec needs a drafter model (tandem generate --drafter)");
+    }
+    if (options.spec_gamma < 0 || options.spec_gamma > kMaxSpecGamma) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec_gamma must be in [0, ", kMaxSpecGamma, "], got ", options.spec_gamma));
+    }
+    const ModelConfig& drafter = options.spec_drafter->config();
+    if (drafter.vocab_size != config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec drafter has a vocabulary of ", drafter.vocab_size,
+                       " tokens; the target's has ", config.vocab_size, " (they must match)"));
+    }
+    // The drafter's cache follows one sequence of the target: the target's context bounds it.
+    int capacity = config.max_position_embeddings;
+    if (capacity <= 0 ||
+        (drafter.max_position_embeddings > 0 && drafter.max_position_embeddings < capacity)) {
+      capacity = drafter.max_position_embeddings;
+    }
+    if (capacity <= 0) capacity = kDefaultDrafterCapacity;
+    return std::make_unique<SpecMode>(
+        options.spec_gamma, std::make_unique<InProcessArDrafter>(options.spec_drafter, capacity),
+        config.vocab_size, config.max_position_embeddings);
+  }
+  if (name == "self_spec") {
+    TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway(name, config, options.self_spec_draft_len));
+    const SelfSpecOptions self_spec{.draft_len = options.self_spec_draft_len > 0
+                                                     ? options.self_spec_draft_len
+                                                     : config.diffusion.block_size,
+                                    .mask_token = *config.diffusion.mask_token_id};
+    TANDEM_RETURN_IF_ERROR(ValidateSelfSpecOptions(self_spec, config.vocab_size));
+    return std::make_unique<SelfSpecMode>(self_spec, config.vocab_size,
+                                          config.max_position_embeddings);
+  }
+  if (name == "diffusion") {
+    TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway(name, config, options.diffusion_block_size));
+    DiffusionOptions diffusion{
+        .block_size = options.diffusion_block_size > 0 ? options.diffusion_block_size
+                                                       : config.diffusion.block_size,
+        .mask_token = *config.diffusion.mask_token_id,
+        .threshold = options.diffusion_threshold,
+        .eos_tokens = {config.eos_token_ids.begin(), config.eos_token_ids.end()}};
+    TANDEM_RETURN_IF_ERROR(ValidateDiffusionOptions(diffusion, config.vocab_size));
+    return std::make_unique<DiffusionMode>(std::move(diffusion), config.vocab_size,
+                                           config.max_position_embeddings);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown decoding mode '", std::string(name),

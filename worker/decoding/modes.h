@@ -12,6 +12,8 @@
 
 namespace tandem {
 
+class Transformer;
+
 // Knobs of every mode; each mode reads its own and ignores the rest.
 struct ModeOptions {
   int jacobi_block_size = 16;       // n: tokens refined per Jacobi iteration
@@ -20,6 +22,14 @@ struct ModeOptions {
   int jacobi_pool_size = 64;        // n-grams kept for rejection recycling (0 = off)
   int jacobi_candidates = 2;        // recycled candidates verified per iteration
   bool jacobi_prompt_lookup = false;  // one more candidate by prompt lookup (not pcLLM)
+  // self_spec / diffusion need a checkpoint with a <|mask|> token and a block size.
+  int self_spec_draft_len = 0;       // k: masks per draft forward; 0 = the model's block size
+  int diffusion_block_size = 0;      // tokens per denoised block; 0 = the model's block size
+  float diffusion_threshold = 0.9f;  // unmask slots whose top-1 probability reaches this
+  int spec_gamma = 4;                // spec: draft tokens verified per step (0 = AR steps)
+  // spec: the drafter model (same vocabulary as the target; may be the target itself). Not
+  // owned; must outlive the mode, which drafts with a KV cache of its own.
+  Transformer* spec_drafter = nullptr;
 };
 
 // Names of the modes this build implements, in the order `tandem --help` lists them.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/decoding/runner.h"
+#include "worker/decoding/spec.h"
 
 namespace tandem {
 
@@ -29,8 +30,10 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   }
   const ModelConfig& config = model_->model->config();
   const Tokenizer& tokenizer = *model_->tokenizer;
+  ModeOptions mode_options = options.mode_options;
+  if (options.drafter != nullptr) mode_options.spec_drafter = options.drafter->model.get();
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DecodingMode> mode,
-                          CreateMode(options.mode, options.mode_options, config, options.sampling));
+                          CreateMode(options.mode, mode_options, config, options.sampling));
   GenerateResult result;
   result.mode = std::string(mode->name());
   result.lossless = mode->lossless();
@@ -93,6 +96,9 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   result.drafted = stats.drafted;
   result.accepted = stats.accepted;
   result.steps_with_drafts = stats.steps_with_drafts;
+  if (const auto* spec = dynamic_cast<const SpecMode*>(mode.get())) {
+    result.drafter_forwards = static_cast<int>(spec->drafter().stats().forwards);
+  }
   result.finish = text_finish != FinishReason::kNone ? text_finish : stats.finish;
   if (result.finish != FinishReason::kStop) {
     // Text held back for a possible stop string, and a character cut by the length limit.

@@ -18,6 +18,8 @@
 
 namespace tandem {
 
+struct LoadedModel;
+
 struct GenerateOptions {
   std::string mode = "ar";
   ModeOptions mode_options;
@@ -26,6 +28,9 @@ struct GenerateOptions {
   std::vector<std::string> stop_strings;
   std::vector<int32_t> extra_stop_token_ids;  // besides the model's EOS ids
   bool chat = false;                          // wrap the prompt in the ChatML template
+  // The `spec` mode's drafter (same tokenizer as the target; may be the target itself). Not
+  // owned; must outlive the call.
+  LoadedModel* drafter = nullptr;
 };
 
 struct GenerateResult {
@@ -39,7 +44,8 @@ struct GenerateResult {
   int drafted = 0;   // draft tokens proposed
   int accepted = 0;  // draft tokens accepted
   int steps_with_drafts = 0;
-  double seconds = 0;  // prefill and decode
+  int drafter_forwards = 0;  // forwards of a separate drafter model (spec)
+  double seconds = 0;        // prefill and decode
 };
 
 // A loaded model with its tokenizer.

@@ -32,7 +32,22 @@ struct ModeCase {
   ModeOptions options;
   int draft_len = 1;   // tokens a step drafts; max_tokens boundaries are probed around it
   bool drafts = true;  // the suite then asserts that drafts were accepted (not vacuous)
+  // > 0: the random models get a <|mask|> id (the last token) and this block size, which the
+  // diffusion-pathway modes need.
+  int mask_block = 0;
+  // spec: which model drafts for the target.
+  enum class Drafter { kNone, kSelf, kPerturbed, kIndependent } drafter = Drafter::kNone;
 };
+
+ModeCase Spec(std::string label, int gamma, ModeCase::Drafter drafter) {
+  ModeOptions options;
+  options.spec_gamma = gamma;
+  return {.label = std::move(label),
+          .mode = "spec",
+          .options = options,
+          .draft_len = gamma,
+          .drafter = drafter};
+}
 
 void PrintTo(const ModeCase& c, std::ostream* os) { *os << c.label; }
 
@@ -43,6 +58,21 @@ ModeOptions JacobiOptions(int n, int blocks, int candidates, int pool) {
   o.jacobi_candidates = candidates;
   o.jacobi_pool_size = pool;
   return o;
+}
+
+// k = 0: the block size is the draft length. Random weights have no trained diffusion
+// pathway: beyond the first draft (which the draft forward's own AR row checks) drafts are
+// seldom accepted, so multi-token steps are too rare for the stop-inside-a-step assertion;
+// nld_bundled_test runs those checks on the trained tri-mode model instead.
+ModeCase SelfSpec(std::string label, int block, int k = 0) {
+  ModeOptions options;
+  options.self_spec_draft_len = k;
+  return {.label = std::move(label),
+          .mode = "self_spec",
+          .options = options,
+          .draft_len = k > 0 ? k : block,
+          .drafts = false,
+          .mask_block = block};
 }
 
 ModeCase Jacobi(std::string label, int n, int blocks, int candidates, int pool = 64,
@@ -173,6 +203,10 @@ struct TestModel {
   std::string name;
   std::unique_ptr<Transformer> model;
   std::vector<std::vector<int32_t>> prompts;
+  // Drafters for spec: the target with noise on its weights (partial acceptance) and an
+  // unrelated random model of the same architecture (rare acceptance).
+  std::unique_ptr<Transformer> perturbed;
+  std::unique_ptr<Transformer> independent;
 };
 
 // Built once for the whole binary: the models are immutable and every run has its own cache.
@@ -183,9 +217,28 @@ const std::vector<TestModel>& Models() {
                   testing::TestPrompts(64, kPromptsPerModel, 11)});
     m->push_back({"qwen3", testing::TinyModel(TinyArch::kQwen3, 8, kContext),
                   testing::TestPrompts(97, kPromptsPerModel, 12)});
+    for (TestModel& t : *m) {
+      t.perturbed = testing::PerturbedModel(*t.model, 21, 0.05f);
+      t.independent = testing::TinyModel(
+          t.model->config().arch == Arch::kQwen3 ? TinyArch::kQwen3 : TinyArch::kQwen2, 31,
+          kContext);
+    }
     return m;
   }();
   return *models;
+}
+
+// spec with the case's drafter for the target model of `config` (told apart by vocabulary).
+absl::StatusOr<std::unique_ptr<DecodingMode>> CreateSpec(const ModeCase& c,
+                                                         const ModelConfig& config) {
+  ModeOptions options = c.options;
+  for (const TestModel& m : Models()) {
+    if (m.model->config().vocab_size != config.vocab_size) continue;
+    options.spec_drafter = c.drafter == ModeCase::Drafter::kSelf        ? m.model.get()
+                           : c.drafter == ModeCase::Drafter::kPerturbed ? m.perturbed.get()
+                                                                        : m.independent.get();
+  }
+  return CreateMode(c.mode, options, config, SamplingParams{});
 }
 
 class ExactnessTest : public ::testing::TestWithParam<ModeCase> {
@@ -193,7 +246,12 @@ class ExactnessTest : public ::testing::TestWithParam<ModeCase> {
   ModeFactory Factory() const {
     const ModeCase c = GetParam();
     return [c](const ModelConfig& config) {
-      return CreateMode(c.mode, c.options, config, SamplingParams{});
+      if (c.drafter != ModeCase::Drafter::kNone) return CreateSpec(c, config);
+      if (c.mask_block == 0) return CreateMode(c.mode, c.options, config, SamplingParams{});
+      ModelConfig with_mask = config;
+      with_mask.diffusion.mask_token_id = config.vocab_size - 1;
+      with_mask.diffusion.block_size = c.mask_block;
+      return CreateMode(c.mode, c.options, with_mask, SamplingParams{});
     };
   }
 };
@@ -359,7 +417,16 @@ INSTANTIATE_TEST_SUITE_P(
         Jacobi("jacobi_n8_k2_recycling", 8, 2, 2), Jacobi("jacobi_n4_k3_recycling", 4, 3, 2),
         Jacobi("jacobi_n5_k3_recycling", 5, 3, 3, 16),
         Jacobi("jacobi_n6_k1_lookup", 6, 1, 0, 0, true),
-        Jacobi("jacobi_n4_k2_recycling_lookup", 4, 2, 2, 64, true)),
+        Jacobi("jacobi_n4_k2_recycling_lookup", 4, 2, 2, 64, true), SelfSpec("self_spec_b8", 8),
+        SelfSpec("self_spec_b4", 4), SelfSpec("self_spec_b8_k2", 8, 2),
+        SelfSpec("self_spec_b8_k1", 8, 1),
+        Spec("spec_g1_perturbed", 1, ModeCase::Drafter::kPerturbed),
+        Spec("spec_g3_perturbed", 3, ModeCase::Drafter::kPerturbed),
+        Spec("spec_g5_perturbed", 5, ModeCase::Drafter::kPerturbed),
+        Spec("spec_g3_independent", 3, ModeCase::Drafter::kIndependent),
+        Spec("spec_g1_self", 1, ModeCase::Drafter::kSelf),
+        Spec("spec_g3_self", 3, ModeCase::Drafter::kSelf),
+        Spec("spec_g5_self", 5, ModeCase::Drafter::kSelf)),
     [](const ::testing::TestParamInfo<ModeCase>& info) { return info.param.label; });
 
 }  // namespace

@@ -44,6 +44,29 @@ inline std::unique_ptr<Transformer> TinyModel(TinyArch arch, uint64_t seed,
   return Transformer::FromWeights(c, RandomWeights(c, seed, 0.35f));
 }
 
+// A copy of `model` with normal noise of `stddev` added to every weight: a drafter that agrees
+// with the target often but not always.
+inline std::unique_ptr<Transformer> PerturbedModel(const Transformer& model, uint64_t seed,
+                                                   float stddev) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  ModelWeights w = model.weights();
+  auto perturb = [&](std::vector<float>& v) {
+    for (float& x : v) x += normal(rng);
+  };
+  perturb(w.embed);
+  perturb(w.final_norm);
+  perturb(w.lm_head);
+  for (LayerWeights& l : w.layers) {
+    for (std::vector<float>* v :
+         {&l.input_norm, &l.qkv, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.o, &l.o_bias, &l.post_norm,
+          &l.gate_up, &l.gate_up_bias, &l.down, &l.down_bias}) {
+      perturb(*v);
+    }
+  }
+  return Transformer::FromWeights(model.config(), std::move(w));
+}
+
 // Runs `mode` over `prompt` with a cache of its own.
 inline absl::StatusOr<RunStats> RunOnce(Transformer& model, DecodingMode& mode,
                                         std::span<const int32_t> prompt,

@@ -1,0 +1,124 @@
+// self_spec with sampling: point-mass p/q verification must leave the target's AR distribution
+// intact. The first two generated tokens of many seeded runs are compared (chi-square) with
+// their exact AR marginals, computed by enumerating the first token. Both verification paths
+// run: a draft checked by the draft forward's own AR row (the first) and drafts checked by the
+// verify forward (the later ones), with acceptances and resampled rejections.
+#include "worker/decoding/self_spec.h"
+
+#include <cmath>
+#include <map>
+
+#include "gtest/gtest.h"
+#include "tests/worker/decoding/tiny_models.h"
+
+namespace tandem {
+namespace {
+
+using testing::TinyArch;
+
+// Next-token logits after `tokens`, from a cache of its own.
+std::vector<float> NextLogits(Transformer& model, std::span<const int32_t> tokens) {
+  KvCache kv(model.KvOptions(static_cast<int64_t>(tokens.size()) + 16, 16));
+  EXPECT_TRUE(kv.AddSequence(1).ok());
+  EXPECT_TRUE(kv.Reserve(1, static_cast<int>(tokens.size())));
+  std::vector<int32_t> positions(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) positions[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> outputs = {static_cast<int32_t>(tokens.size()) - 1};
+  Extend extend{.seq = 1, .tokens = tokens, .positions = positions, .outputs = outputs};
+  absl::StatusOr<std::vector<ExtendOutput>> out = model.Forward({&extend, 1}, kv);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? (*out)[0].logits : std::vector<float>();
+}
+
+// Pearson chi-square of `counts` (n draws) against `probs`, bins with expected count < 5 merged;
+// true when below the 99.9% point (Wilson-Hilferty approximation).
+::testing::AssertionResult FitsDistribution(const std::map<int32_t, int>& counts,
+                                            const std::vector<double>& probs, int n) {
+  double stat = 0, rest_expected = 0, rest_observed = 0;
+  int bins = 0;
+  for (size_t t = 0; t < probs.size(); ++t) {
+    const double expected = probs[t] * n;
+    const auto it = counts.find(static_cast<int32_t>(t));
+    const double observed = it == counts.end() ? 0 : it->second;
+    if (expected < 5) {
+      rest_expected += expected;
+      rest_observed += observed;
+      continue;
+    }
+    stat += (observed - expected) * (observed - expected) / expected;
+    ++bins;
+  }
+  if (rest_expected > 0) {
+    stat += (rest_observed - rest_expected) * (rest_observed - rest_expected) / rest_expected;
+    ++bins;
+  }
+  const double df = std::max(1, bins - 1);
+  const double z = 3.09;  // one-sided 99.9%
+  const double limit = df * std::pow(1 - 2 / (9 * df) + z * std::sqrt(2 / (9 * df)), 3);
+  if (stat < limit) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "chi-square " << stat << " over " << df << " degrees of freedom, limit " << limit;
+}
+
+TEST(SelfSpecSamplingTest, FirstTokensFollowTheArDistribution) {
+  std::unique_ptr<Transformer> model = testing::TinyModel(TinyArch::kQwen2, 3);
+  const int vocab = model->config().vocab_size;
+  const std::vector<int32_t> prompt = {5, 9, 5, 9, 5};
+  const SamplingParams sampling{.temperature = 1.5f};
+
+  // Exact marginals of the first two tokens.
+  std::vector<float> probs;
+  SamplingDistribution(NextLogits(*model, prompt), sampling, &probs);
+  std::vector<double> first(probs.begin(), probs.end());
+  std::vector<double> second(vocab, 0.0);
+  for (int t = 0; t < vocab; ++t) {
+    if (first[t] <= 0) continue;
+    std::vector<int32_t> seq = prompt;
+    seq.push_back(t);
+    std::vector<float> next;
+    SamplingDistribution(NextLogits(*model, seq), sampling, &next);
+    for (int u = 0; u < vocab; ++u) second[u] += first[t] * next[u];
+  }
+
+  constexpr int kRuns = 4000;
+  std::map<int32_t, int> first_counts, second_counts;
+  int accepted = 0, drafted = 0;
+  for (int run = 0; run < kRuns; ++run) {
+    SelfSpecMode mode({.draft_len = 4, .mask_token = vocab - 1}, vocab, 128);
+    RunOptions options{.max_tokens = 3, .sampling = sampling};
+    options.sampling.seed = 1000 + run;
+    absl::StatusOr<RunStats> r = testing::RunOnce(*model, mode, prompt, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->tokens.size(), 3u);
+    ++first_counts[r->tokens[0]];
+    ++second_counts[r->tokens[1]];
+    accepted += r->accepted;
+    drafted += r->drafted;
+  }
+  // Both outcomes of verification happen often.
+  EXPECT_GT(accepted, kRuns / 10);
+  EXPECT_GT(drafted - accepted, kRuns / 10);
+  EXPECT_TRUE(FitsDistribution(first_counts, first, kRuns)) << "first token";
+  EXPECT_TRUE(FitsDistribution(second_counts, second, kRuns)) << "second token";
+}
+
+TEST(SelfSpecSamplingTest, SeededRunsRepeat) {
+  std::unique_ptr<Transformer> model = testing::TinyModel(TinyArch::kQwen3, 4);
+  const int vocab = model->config().vocab_size;
+  const std::vector<int32_t> prompt = {1, 2, 3, 1, 2, 3};
+  std::vector<int32_t> previous;
+  for (int i = 0; i < 2; ++i) {
+    SelfSpecMode mode({.draft_len = 8, .mask_token = vocab - 1}, vocab, 128);
+    RunOptions options{.max_tokens = 40, .sampling = {.temperature = 0.8f, .seed = 77}};
+    absl::StatusOr<RunStats> r = testing::RunOnce(*model, mode, prompt, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->tokens.size(), 40u);
+    if (i == 1) {
+      EXPECT_EQ(r->tokens, previous);
+    }
+    previous = r->tokens;
+  }
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,124 @@
+#include "worker/decoding/diffusion.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::Status ValidateDiffusionOptions(const DiffusionOptions& options, int vocab_size) {
+  if (options.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("diffusion block size must be >= 1, got ", options.block_size));
+  }
+  if (options.mask_token < 0 || options.mask_token >= vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("diffusion mask token ", options.mask_token,
+                                                   " is outside the vocabulary of ", vocab_size));
+  }
+  if (!(options.threshold >= 0.0f && options.threshold <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("diffusion threshold must be in [0, 1], got ", options.threshold));
+  }
+  return absl::OkStatus();
+}
+
+bool DiffusionMode::IsEos(int32_t token) const {
+  return std::find(options_.eos_tokens.begin(), options_.eos_tokens.end(), token) !=
+         options_.eos_tokens.end();
+}
+
+int DiffusionMode::FinishedLength() const {
+  for (size_t i = 0; i < block_.size(); ++i) {
+    if (masked_[i]) return 0;
+    if (IsEos(block_[i])) return static_cast<int>(i) + 1;
+  }
+  return static_cast<int>(block_.size());
+}
+
+StepPlan DiffusionMode::Plan(const DecodeState& state) {
+  StepPlan plan;
+  AppendPending(state, &plan);
+  const int pending = static_cast<int>(plan.tokens.size());
+  refresh_only_ = !options_.fused_refresh && pending > 0;
+  if (refresh_only_) return plan;  // causal, no outputs: only the pending tokens' KV
+  const int length = static_cast<int>(state.tokens.size());
+  if (block_.empty()) {
+    // Full blocks (the model's training layout) even when the budget ends inside one; only the
+    // context limit shortens the last block.
+    block_.assign(std::max(1, std::min(options_.block_size, max_positions_ - length)),
+                  options_.mask_token);
+    masked_.assign(block_.size(), 1);
+    block_start_ = length;
+  }
+  const int size = static_cast<int>(block_.size());
+  for (int i = 0; i < size; ++i) {
+    plan.tokens.push_back(block_[i]);
+    plan.positions.push_back(block_start_ + i);
+  }
+  const int n = pending + size;
+  plan.visible = Visibility::Explicit(n);
+  for (int i = 0; i < pending; ++i) {
+    for (int j = 0; j <= i; ++j) plan.visible.Allow(i, j);
+  }
+  for (int i = pending; i < n; ++i) {
+    for (int j = 0; j < n; ++j) plan.visible.Allow(i, j);
+  }
+  for (int i = 0; i < size; ++i) {
+    if (masked_[i]) plan.outputs.push_back(pending + i);
+  }
+  return plan;
+}
+
+absl::StatusOr<StepResult> DiffusionMode::Consume(const DecodeState& state, const StepPlan& plan,
+                                                  const ExtendOutput& out) {
+  StepResult result;
+  const int pending = state.pending();
+  for (int i = 0; i < pending; ++i) result.keep.push_back(i);
+  if (refresh_only_) return result;
+  if (static_cast<int>(plan.outputs.size()) * vocab_size_ != static_cast<int>(out.logits.size())) {
+    return absl::InternalError("diffusion: logits do not match the planned outputs");
+  }
+  // Confidence of each masked slot: top-1 probability of softmax(logits) (the temperature
+  // only shapes the draw, not which slots are ready). <|mask|> itself is never a prediction,
+  // so an unmasked slot always holds a real token.
+  struct Slot {
+    int index;
+    float confidence;
+    std::vector<float> logits;
+  };
+  std::vector<Slot> slots;
+  for (size_t r = 0; r < plan.outputs.size(); ++r) {
+    const std::span<const float> row = LogitsRow(out, static_cast<int>(r), vocab_size_);
+    std::vector<float> logits(row.begin(), row.end());
+    logits[options_.mask_token] = -std::numeric_limits<float>::infinity();
+    const float top = logits[Argmax(logits)];
+    double sum = 0;
+    for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
+    slots.push_back({plan.outputs[r] - pending, static_cast<float>(1.0 / sum), std::move(logits)});
+  }
+  if (slots.empty()) return absl::InternalError("diffusion: no masked slot in the block");
+  bool any = false;
+  for (const Slot& s : slots) any = any || s.confidence >= options_.threshold;
+  const Slot* best = &slots[0];
+  for (const Slot& s : slots) {
+    if (s.confidence > best->confidence) best = &s;
+  }
+  for (const Slot& s : slots) {
+    if (any ? s.confidence >= options_.threshold : &s == best) {
+      block_[s.index] =
+          SampleToken(s.logits, *state.sampling, static_cast<uint64_t>(block_start_ + s.index));
+      masked_[s.index] = 0;
+    }
+  }
+  const int finished = FinishedLength();
+  if (finished > 0) {
+    const int keep = std::min(finished, state.budget);
+    result.append.assign(block_.begin(), block_.begin() + keep);
+    block_.clear();
+  }
+  return result;
+}
+
+}  // namespace tandem

@@ -1,0 +1,65 @@
+// Drafters propose the tokens a speculative step verifies. A drafter sees only final tokens (the
+// sequence so far) and answers greedy drafts: with a point-mass draft distribution the verifier
+// needs no q on the wire (accept x̂ with probability p(x̂), else resample from p without x̂).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/model/transformer.h"
+
+namespace tandem {
+
+// Counters over a drafter's lifetime.
+struct DrafterStats {
+  int64_t calls = 0;
+  int64_t forwards = 0;       // drafter model forwards
+  int64_t drafted = 0;        // draft tokens returned
+  int64_t reused_tokens = 0;  // tokens whose KV was already cached when a call began
+  int64_t fed_tokens = 0;     // tokens fed to the drafter model (catch-up and drafts)
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+
+  // Up to `gamma` greedy continuation tokens of `tokens` (prompt + generated, all final, not
+  // empty); fewer when the drafter's context ends first. Errors mean no drafts this time: the
+  // caller takes an AR step.
+  virtual absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t> tokens,
+                                                     int gamma) = 0;
+  virtual const DrafterStats& stats() const = 0;
+};
+
+// An AR model in this process drafting with its own KV cache and one sequence. The cache
+// follows the caller's sequence incrementally: each call truncates it to the longest common
+// prefix of the cached tokens and the new ones, feeds the missing tokens together with the
+// first draft's forward, then feeds each draft to get the next (gamma forwards per call). The
+// drafts' KV stays cached, so the drafts the verifier accepts cost nothing next call.
+//
+// Not thread-safe; one sequence at a time (a different sequence just shares no prefix).
+class InProcessArDrafter : public Drafter {
+ public:
+  // `model` is not owned and must outlive the drafter; it may be the target model itself (the
+  // drafter only ever uses its own cache). The cache holds `capacity` tokens; drafts stop short
+  // of it and of the model's context.
+  InProcessArDrafter(Transformer* model, int capacity);
+
+  absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t> tokens, int gamma) override;
+  const DrafterStats& stats() const override { return stats_; }
+
+ private:
+  // Feeds `tokens` after the cached ones, commits them all and returns the greedy next token.
+  absl::StatusOr<int32_t> Feed(std::span<const int32_t> tokens);
+
+  Transformer* model_;
+  int capacity_;
+  KvCache kv_;
+  std::vector<int32_t> cached_;  // tokens whose KV is committed in kv_, in order
+  DrafterStats stats_;
+};
+
+}  // namespace tandem

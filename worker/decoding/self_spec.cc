@@ -1,0 +1,146 @@
+#include "worker/decoding/self_spec.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::Status ValidateSelfSpecOptions(const SelfSpecOptions& options, int vocab_size) {
+  if (options.draft_len < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("self_spec draft length must be >= 1, got ", options.draft_len));
+  }
+  if (options.mask_token < 0 || options.mask_token >= vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("self_spec mask token ", options.mask_token,
+                                                   " is outside the vocabulary of ", vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+StepPlan SelfSpecMode::Plan(const DecodeState& state) {
+  return verify_next_ ? PlanVerify(state) : PlanDraft(state);
+}
+
+absl::StatusOr<StepResult> SelfSpecMode::Consume(const DecodeState& state, const StepPlan& plan,
+                                                 const ExtendOutput& out) {
+  if (state.pending() < 1) {
+    return absl::InternalError("self_spec needs a pending token to predict from");
+  }
+  return verify_next_ ? ConsumeVerify(state, plan, out) : ConsumeDraft(state, plan, out);
+}
+
+StepPlan SelfSpecMode::PlanDraft(const DecodeState& state) {
+  StepPlan plan;
+  AppendPending(state, &plan);
+  const int pending = static_cast<int>(plan.tokens.size());
+  const int length = static_cast<int>(state.tokens.size());
+  // With one token of budget left (or no room in the context) drafting cannot pay: AR step.
+  const int masks = state.budget < 2 ? 0 : std::min(options_.draft_len, max_positions_ - length);
+  for (int i = 0; i < masks; ++i) {
+    plan.tokens.push_back(options_.mask_token);
+    plan.positions.push_back(length + i);
+  }
+  const int n = pending + masks;
+  plan.visible = Visibility::Explicit(n);
+  for (int i = 0; i < pending; ++i) {
+    for (int j = 0; j <= i; ++j) plan.visible.Allow(i, j);
+  }
+  for (int i = pending; i < n; ++i) {
+    for (int j = 0; j < n; ++j) plan.visible.Allow(i, j);
+  }
+  // Row 0: the AR prediction of position `length`; rows 1..: the drafts.
+  for (int i = pending - 1; i < n; ++i) plan.outputs.push_back(i);
+  return plan;
+}
+
+int32_t SelfSpecMode::Verify(std::span<const float> logits, int32_t draft,
+                             const SamplingParams& sampling, uint64_t index, bool* accepted) {
+  SamplingDistribution(logits, sampling, &probs_);
+  double total = 0;
+  for (float p : probs_) total += p;
+  const double p_draft = total > 0 ? probs_[draft] / total : 0.0;
+  *accepted = UniformRandom(sampling.seed, index, RngPurpose::kAccept) < p_draft;
+  if (*accepted) return draft;
+  probs_[draft] = 0.0f;
+  const int32_t token =
+      SampleFromDistribution(probs_, UniformRandom(sampling.seed, index, RngPurpose::kResample));
+  // Unreachable unless p is degenerate (all mass on the draft, which is then accepted).
+  return token >= 0 ? token : Argmax(logits);
+}
+
+absl::StatusOr<StepResult> SelfSpecMode::ConsumeDraft(const DecodeState& state,
+                                                      const StepPlan& plan,
+                                                      const ExtendOutput& out) {
+  const int pending = state.pending();
+  const int masks = static_cast<int>(plan.tokens.size()) - pending;
+  const uint64_t length = state.tokens.size();
+  StepResult result;
+  for (int i = 0; i < pending; ++i) result.keep.push_back(i);
+  const std::span<const float> ar = LogitsRow(out, 0, vocab_size_);
+  if (masks == 0) {
+    result.append.push_back(SampleToken(ar, *state.sampling, length));
+    return result;
+  }
+  drafts_.clear();
+  for (int i = 0; i < masks; ++i) drafts_.push_back(Argmax(LogitsRow(out, 1 + i, vocab_size_)));
+  // d1..dm: the drafts the verify forward can check without overrunning the budget (it appends
+  // the accepted ones plus one more token after v0).
+  const int m = std::min(masks - 1, state.budget - 2);
+  cycle_drafted_ = 1 + m;
+  bool accepted = false;
+  const int32_t v0 = Verify(ar, drafts_[0], *state.sampling, length, &accepted);
+  result.append.push_back(v0);
+  if (!accepted) {
+    result.drafted = cycle_drafted_;
+    return result;
+  }
+  drafts_.erase(drafts_.begin());
+  drafts_.resize(m);
+  verify_next_ = true;
+  return result;
+}
+
+StepPlan SelfSpecMode::PlanVerify(const DecodeState& state) {
+  StepPlan plan;
+  AppendPending(state, &plan);
+  const int pending = static_cast<int>(plan.tokens.size());
+  const int length = static_cast<int>(state.tokens.size());
+  for (size_t i = 0; i < drafts_.size(); ++i) {
+    plan.tokens.push_back(drafts_[i]);
+    plan.positions.push_back(length + static_cast<int>(i));
+  }
+  for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
+    plan.outputs.push_back(i);
+  }
+  return plan;
+}
+
+absl::StatusOr<StepResult> SelfSpecMode::ConsumeVerify(const DecodeState& state,
+                                                       const StepPlan& plan,
+                                                       const ExtendOutput& out) {
+  verify_next_ = false;
+  const int pending = state.pending();
+  const int m = static_cast<int>(plan.tokens.size()) - pending;
+  const uint64_t length = state.tokens.size();
+  StepResult result;
+  for (int i = 0; i < pending; ++i) result.keep.push_back(i);
+  int j = 0;
+  for (; j < m; ++j) {
+    bool accepted = false;
+    const int32_t token = Verify(LogitsRow(out, j, vocab_size_), plan.tokens[pending + j],
+                                 *state.sampling, length + j, &accepted);
+    result.append.push_back(token);
+    if (!accepted) break;
+    result.keep.push_back(pending + j);
+  }
+  if (j == m) {
+    result.append.push_back(
+        SampleToken(LogitsRow(out, m, vocab_size_), *state.sampling, length + m));
+  }
+  result.drafted = cycle_drafted_;
+  result.accepted = 1 + j;  // d0 was accepted by the draft step
+  return result;
+}
+
+}  // namespace tandem

@@ -1,0 +1,103 @@
+#include "worker/decoding/spec.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+SpecMode::SpecMode(int gamma, std::unique_ptr<Drafter> drafter, int vocab_size, int max_positions)
+    : gamma_(gamma),
+      drafter_(std::move(drafter)),
+      vocab_size_(vocab_size),
+      max_positions_(max_positions) {}
+
+StepPlan SpecMode::Plan(const DecodeState& state) {
+  const int t = static_cast<int>(state.tokens.size());
+  // Drafts past budget - 1 could never be kept; draft positions t .. t + γ - 1 must stay inside
+  // the context.
+  int gamma = std::min(gamma_, state.budget - 1);
+  if (max_positions_ > 0) gamma = std::min(gamma, max_positions_ - t);
+
+  StepPlan plan;
+  AppendPending(state, &plan);
+  const int pending = static_cast<int>(plan.tokens.size());
+  if (gamma > 0) {
+    absl::StatusOr<std::vector<int32_t>> drafts = drafter_->Draft(state.tokens, gamma);
+    if (drafts.ok()) {
+      const int n = std::min(gamma, static_cast<int>(drafts->size()));
+      for (int i = 0; i < n; ++i) {
+        const int32_t token = (*drafts)[i];
+        if (token < 0 || token >= vocab_size_) break;
+        plan.tokens.push_back(token);
+        plan.positions.push_back(t + i);
+      }
+    } else {
+      ++stats_.drafter_failures;
+      stats_.last_drafter_error = drafts.status();
+    }
+  }
+  for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
+    plan.outputs.push_back(i);
+  }
+  return plan;
+}
+
+absl::StatusOr<StepResult> SpecMode::Consume(const DecodeState& state, const StepPlan& plan,
+                                             const ExtendOutput& out) {
+  const int pending = state.pending();
+  const int gamma = static_cast<int>(plan.tokens.size()) - pending;
+  if (gamma < 0 || plan.outputs.size() != static_cast<size_t>(gamma) + 1 ||
+      out.logits.size() != plan.outputs.size() * static_cast<size_t>(vocab_size_)) {
+    return absl::InternalError(absl::StrCat("spec: Consume got a plan of ", plan.tokens.size(),
+                                            " tokens with ", plan.outputs.size(), " outputs and ",
+                                            out.logits.size(), " logits for ", pending,
+                                            " pending tokens and a vocabulary of ", vocab_size_));
+  }
+  const SamplingParams& sampling = *state.sampling;
+  const uint64_t t = state.tokens.size();
+
+  StepResult result;
+  for (int i = 0; i < pending; ++i) result.keep.push_back(i);
+  // Reused across steps: a full-vocabulary buffer per draft is measurable at 150k tokens.
+  thread_local std::vector<float> probs;
+  int accepted = 0;
+  int32_t next = -1;
+  for (; accepted < gamma; ++accepted) {
+    const int32_t draft = plan.tokens[pending + accepted];
+    const std::span<const float> logits = LogitsRow(out, accepted, vocab_size_);
+    const uint64_t index = t + accepted;
+    if (sampling.greedy()) {
+      // p is a point mass at the argmax: accept iff the draft is it, else the argmax is the
+      // residual's only token.
+      const int32_t best = Argmax(logits);
+      if (draft == best) continue;
+      next = best;
+      break;
+    }
+    SamplingDistribution(logits, sampling, &probs);
+    if (UniformRandom(sampling.seed, index, RngPurpose::kAccept) < probs[draft]) continue;
+    probs[draft] = 0.0f;
+    next =
+        SampleFromDistribution(probs, UniformRandom(sampling.seed, index, RngPurpose::kResample));
+    // No mass besides the draft means p was a point mass on it up to rounding: it is the token.
+    if (next < 0) next = draft;
+    break;
+  }
+  if (accepted == gamma) {
+    next = SampleToken(LogitsRow(out, gamma, vocab_size_), sampling, t + gamma);
+  }
+  for (int i = 0; i < accepted; ++i) {
+    result.keep.push_back(pending + i);
+    result.append.push_back(plan.tokens[pending + i]);
+  }
+  result.append.push_back(next);
+  result.drafted = gamma;
+  result.accepted = accepted;
+  ++stats_.steps;
+  stats_.drafted += gamma;
+  stats_.accepted += accepted;
+  return result;
+}
+
+}  // namespace tandem
