@@ -138,7 +138,13 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "block per forward)")
       ->capture_default_str();
   cmd->add_option("--self-spec-k", args->mode_options.self_spec_draft_len,
-                  "self_spec: <|mask|> drafts per cycle; 0 = the model's block size")
+                  "self_spec: <|mask|> drafts per cycle; self_spec_quadratic: masks per group; "
+                  "0 = the model's block size")
+      ->capture_default_str();
+  cmd->add_option("--quadratic-lambda", args->mode_options.quadratic_lambda,
+                  "self_spec_quadratic: diffusion weight of the AR-diffusion ensemble verifier; "
+                  "0 = AR verification (lossless), > 0 is lossy")
+      ->check(CLI::Range(0.0f, 1.0f))
       ->capture_default_str();
   cmd->add_option("--drafter", args->drafter_dir,
                   "spec: drafter model directory (same tokenizer; may be the --model directory)");

@@ -7,6 +7,7 @@
 #include "worker/decoding/diffusion.h"
 #include "worker/decoding/jacobi.h"
 #include "worker/decoding/self_spec.h"
+#include "worker/decoding/self_spec_quadratic.h"
 #include "worker/decoding/spec.h"
 #include "worker/model/transformer.h"
 
@@ -36,7 +37,7 @@ absl::Status CheckDiffusionPathway(std::string_view mode, const ModelConfig& con
 }  // namespace
 
 std::vector<std::string> ImplementedModes() {
-  return {"ar", "jacobi", "spec", "self_spec", "diffusion"};
+  return {"ar", "jacobi", "spec", "self_spec", "self_spec_quadratic", "diffusion"};
 }
 
 absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
@@ -91,6 +92,17 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
     TANDEM_RETURN_IF_ERROR(ValidateSelfSpecOptions(self_spec, config.vocab_size));
     return std::make_unique<SelfSpecMode>(self_spec, config.vocab_size,
                                           config.max_position_embeddings);
+  }
+  if (name == "self_spec_quadratic") {
+    TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway(name, config, options.self_spec_draft_len));
+    const SelfSpecQuadraticOptions quadratic{.draft_len = options.self_spec_draft_len > 0
+                                                              ? options.self_spec_draft_len
+                                                              : config.diffusion.block_size,
+                                             .mask_token = *config.diffusion.mask_token_id,
+                                             .lambda = options.quadratic_lambda};
+    TANDEM_RETURN_IF_ERROR(ValidateSelfSpecQuadraticOptions(quadratic, config.vocab_size));
+    return std::make_unique<SelfSpecQuadraticMode>(quadratic, config.vocab_size,
+                                                   config.max_position_embeddings);
   }
   if (name == "diffusion") {
     TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway(name, config, options.diffusion_block_size));

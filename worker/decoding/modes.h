@@ -22,8 +22,10 @@ struct ModeOptions {
   int jacobi_pool_size = 64;        // n-grams kept for rejection recycling (0 = off)
   int jacobi_candidates = 2;        // recycled candidates verified per iteration
   bool jacobi_prompt_lookup = false;  // one more candidate by prompt lookup (not pcLLM)
-  // self_spec / diffusion need a checkpoint with a <|mask|> token and a block size.
+  // self_spec, self_spec_quadratic and diffusion need a checkpoint with a <|mask|> token and a
+  // block size. self_spec_quadratic reads self_spec_draft_len as its masks per group.
   int self_spec_draft_len = 0;       // k: masks per draft forward; 0 = the model's block size
+  float quadratic_lambda = 0.0f;     // self_spec_quadratic: diffusion verifier weight, NLD App. C
   int diffusion_block_size = 0;      // tokens per denoised block; 0 = the model's block size
   float diffusion_threshold = 0.9f;  // unmask slots whose top-1 probability reaches this
   int spec_gamma = 4;                // spec: draft tokens verified per step (0 = AR steps)

@@ -75,6 +75,13 @@ ModeCase SelfSpec(std::string label, int block, int k = 0) {
           .mask_block = block};
 }
 
+// self_spec_quadratic: k masks per group (0 = the block size), AR verification (lambda 0).
+ModeCase SelfSpecQuadratic(std::string label, int block, int k = 0) {
+  ModeCase c = SelfSpec(std::move(label), block, k);
+  c.mode = "self_spec_quadratic";
+  return c;
+}
+
 ModeCase Jacobi(std::string label, int n, int blocks, int candidates, int pool = 64,
                 bool lookup = false) {
   ModeOptions options = JacobiOptions(n, blocks, candidates, pool);
@@ -419,7 +426,10 @@ INSTANTIATE_TEST_SUITE_P(
         Jacobi("jacobi_n6_k1_lookup", 6, 1, 0, 0, true),
         Jacobi("jacobi_n4_k2_recycling_lookup", 4, 2, 2, 64, true), SelfSpec("self_spec_b8", 8),
         SelfSpec("self_spec_b4", 4), SelfSpec("self_spec_b8_k2", 8, 2),
-        SelfSpec("self_spec_b8_k1", 8, 1),
+        SelfSpec("self_spec_b8_k1", 8, 1), SelfSpecQuadratic("self_spec_quadratic_b8", 8),
+        SelfSpecQuadratic("self_spec_quadratic_b4", 4),
+        SelfSpecQuadratic("self_spec_quadratic_b8_k2", 8, 2),
+        SelfSpecQuadratic("self_spec_quadratic_b8_k1", 8, 1),
         Spec("spec_g1_perturbed", 1, ModeCase::Drafter::kPerturbed),
         Spec("spec_g3_perturbed", 3, ModeCase::Drafter::kPerturbed),
         Spec("spec_g5_perturbed", 5, ModeCase::Drafter::kPerturbed),

@@ -163,21 +163,26 @@ TEST_F(NldBundledTest, SelfSpecEqualsArWithStopsAndBudgets) {
 
 TEST_F(NldBundledTest, DiffusionEqualsTheReferenceDecodes) {
   const nlohmann::json& ref = modes_["diffusion"];
-  ASSERT_EQ(ref["cases"].size(), prompts_.size());
-  ModeOptions options;
-  options.diffusion_block_size = ref["block_size"].get<int>();
-  options.diffusion_threshold = ref["threshold"].get<float>();
-  for (size_t p = 0; p < prompts_.size(); ++p) {
-    absl::StatusOr<std::unique_ptr<DecodingMode>> mode =
-        CreateMode("diffusion", options, model_->config(), SamplingParams{});
-    ASSERT_TRUE(mode.ok()) << mode.status();
-    absl::StatusOr<RunStats> r = Decode(**mode, prompts_[p]);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->tokens, ref["cases"][p]["continuation_ids"].get<std::vector<int32_t>>())
-        << "prompt " << p;
-    // The reference counts denoising forwards only; here prefill and refreshes are fused into
-    // them, so the counts are the same.
-    EXPECT_EQ(r->forwards, ref["cases"][p]["forwards"].get<int>()) << "prompt " << p;
+  ASSERT_GE(ref["runs"].size(), 1u);
+  for (const nlohmann::json& run : ref["runs"]) {
+    const float threshold = run["threshold"].get<float>();
+    ASSERT_EQ(run["cases"].size(), prompts_.size());
+    ModeOptions options;
+    options.diffusion_block_size = ref["block_size"].get<int>();
+    options.diffusion_threshold = threshold;
+    for (size_t p = 0; p < prompts_.size(); ++p) {
+      absl::StatusOr<std::unique_ptr<DecodingMode>> mode =
+          CreateMode("diffusion", options, model_->config(), SamplingParams{});
+      ASSERT_TRUE(mode.ok()) << mode.status();
+      absl::StatusOr<RunStats> r = Decode(**mode, prompts_[p]);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->tokens, run["cases"][p]["continuation_ids"].get<std::vector<int32_t>>())
+          << "threshold " << threshold << " prompt " << p;
+      // The reference counts denoising forwards only; here prefill and refreshes are fused into
+      // them, so the counts are the same.
+      EXPECT_EQ(r->forwards, run["cases"][p]["forwards"].get<int>())
+          << "threshold " << threshold << " prompt " << p;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
+#include "tests/worker/decoding/distribution.h"
 #include "tests/worker/decoding/tiny_models.h"
 
 namespace tandem {
@@ -28,36 +29,6 @@ std::vector<float> NextLogits(Transformer& model, std::span<const int32_t> token
   absl::StatusOr<std::vector<ExtendOutput>> out = model.Forward({&extend, 1}, kv);
   EXPECT_TRUE(out.ok()) << out.status();
   return out.ok() ? (*out)[0].logits : std::vector<float>();
-}
-
-// Pearson chi-square of `counts` (n draws) against `probs`, bins with expected count < 5 merged;
-// true when below the 99.9% point (Wilson-Hilferty approximation).
-::testing::AssertionResult FitsDistribution(const std::map<int32_t, int>& counts,
-                                            const std::vector<double>& probs, int n) {
-  double stat = 0, rest_expected = 0, rest_observed = 0;
-  int bins = 0;
-  for (size_t t = 0; t < probs.size(); ++t) {
-    const double expected = probs[t] * n;
-    const auto it = counts.find(static_cast<int32_t>(t));
-    const double observed = it == counts.end() ? 0 : it->second;
-    if (expected < 5) {
-      rest_expected += expected;
-      rest_observed += observed;
-      continue;
-    }
-    stat += (observed - expected) * (observed - expected) / expected;
-    ++bins;
-  }
-  if (rest_expected > 0) {
-    stat += (rest_observed - rest_expected) * (rest_observed - rest_expected) / rest_expected;
-    ++bins;
-  }
-  const double df = std::max(1, bins - 1);
-  const double z = 3.09;  // one-sided 99.9%
-  const double limit = df * std::pow(1 - 2 / (9 * df) + z * std::sqrt(2 / (9 * df)), 3);
-  if (stat < limit) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "chi-square " << stat << " over " << df << " degrees of freedom, limit " << limit;
 }
 
 TEST(SelfSpecSamplingTest, FirstTokensFollowTheArDistribution) {
@@ -98,8 +69,8 @@ TEST(SelfSpecSamplingTest, FirstTokensFollowTheArDistribution) {
   // Both outcomes of verification happen often.
   EXPECT_GT(accepted, kRuns / 10);
   EXPECT_GT(drafted - accepted, kRuns / 10);
-  EXPECT_TRUE(FitsDistribution(first_counts, first, kRuns)) << "first token";
-  EXPECT_TRUE(FitsDistribution(second_counts, second, kRuns)) << "second token";
+  EXPECT_TRUE(testing::FitsDistribution(first_counts, first, kRuns)) << "first token";
+  EXPECT_TRUE(testing::FitsDistribution(second_counts, second, kRuns)) << "second token";
 }
 
 TEST(SelfSpecSamplingTest, SeededRunsRepeat) {

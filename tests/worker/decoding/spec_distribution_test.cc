@@ -108,39 +108,16 @@ Sampled SampleJoint(Transformer& target, DecodingMode& mode, SamplingParams samp
 // Chi-square of the counts against `expected` with sparse categories pooled. True when the
 // counts fit (no impossible outcome, statistic below the critical value at kAlpha).
 bool Fits(const Sampled& s, const std::vector<double>& expected, const std::string& label) {
-  std::vector<int64_t> observed;
-  std::vector<double> probs;
-  int64_t pooled_count = 0;
-  double pooled_prob = 0.0;
-  int64_t impossible = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    if (expected[i] <= 0.0) {
-      impossible += s.counts[i];
-    } else if (expected[i] * kRuns < kMinExpected) {
-      pooled_count += s.counts[i];
-      pooled_prob += expected[i];
-    } else {
-      observed.push_back(s.counts[i]);
-      probs.push_back(expected[i]);
-    }
-  }
-  if (pooled_prob > 0.0) {
-    observed.push_back(pooled_count);
-    probs.push_back(pooled_prob);
-  }
-  // Rounding leaves the probabilities a hair off 1; the statistic wants them to sum to it.
-  double total = 0.0;
-  for (double p : probs) total += p;
-  for (double& p : probs) p /= total;
-  const testing::ChiSquareResult r = testing::PearsonChiSquare(observed, probs);
-  const double critical = testing::ChiSquareCriticalValue(r.dof, kAlpha);
+  const testing::ChiSquareTest t =
+      testing::PooledChiSquareTest(s.counts, expected, kAlpha, kMinExpected);
   std::printf(
       "[ chi2     ] %s: statistic %.1f, dof %d, critical %.1f (p %.3g), impossible %lld, "
       "%lld of %lld drafts accepted\n",
-      label.c_str(), r.statistic, r.dof, critical, testing::ChiSquarePValue(r.statistic, r.dof),
-      static_cast<long long>(impossible), static_cast<long long>(s.accepted),
+      label.c_str(), t.result.statistic, t.result.dof, t.critical,
+      testing::ChiSquarePValue(t.result.statistic, t.result.dof),
+      static_cast<long long>(t.result.impossible), static_cast<long long>(s.accepted),
       static_cast<long long>(s.drafted));
-  return impossible == 0 && r.statistic < critical;
+  return t.fits;
 }
 
 // Verification with a deliberate bug, everything else as in SpecMode (its Plan drafts).

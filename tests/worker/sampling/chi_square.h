@@ -2,10 +2,12 @@
 // critical value, so thresholds come from the distribution instead of being guessed.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 namespace tandem::testing {
 
@@ -89,6 +91,51 @@ inline ChiSquareResult PearsonChiSquare(std::span<const int64_t> observed,
   }
   result.dof = categories - 1;
   return result;
+}
+
+struct ChiSquareTest {
+  ChiSquareResult result;
+  double critical = 0.0;  // statistic limit at the test's alpha
+  bool fits = false;      // no impossible outcome and statistic below the limit
+};
+
+// Goodness of fit of `observed` counts against probabilities `expected`: categories whose
+// expected count is below `min_expected` are pooled into one (so the chi-square approximation
+// holds), probabilities are renormalised over what remains, and the statistic is compared with
+// the critical value at `alpha`.
+inline ChiSquareTest PooledChiSquareTest(std::span<const int64_t> observed,
+                                         std::span<const double> expected, double alpha,
+                                         double min_expected = 5.0) {
+  int64_t draws = 0;
+  for (const int64_t count : observed) draws += count;
+  std::vector<int64_t> counts;
+  std::vector<double> probs;
+  int64_t pooled_count = 0, impossible = 0;
+  double pooled_prob = 0.0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (expected[i] <= 0.0) {
+      impossible += observed[i];
+    } else if (expected[i] * static_cast<double>(draws) < min_expected) {
+      pooled_count += observed[i];
+      pooled_prob += expected[i];
+    } else {
+      counts.push_back(observed[i]);
+      probs.push_back(expected[i]);
+    }
+  }
+  if (pooled_prob > 0.0) {
+    counts.push_back(pooled_count);
+    probs.push_back(pooled_prob);
+  }
+  double total = 0.0;
+  for (const double p : probs) total += p;
+  for (double& p : probs) p /= total;
+  ChiSquareTest test;
+  test.result = PearsonChiSquare(counts, probs);
+  test.result.impossible = impossible;
+  test.critical = ChiSquareCriticalValue(std::max(test.result.dof, 1), alpha);
+  test.fits = impossible == 0 && test.result.statistic < test.critical;
+  return test;
 }
 
 }  // namespace tandem::testing

@@ -1,0 +1,189 @@
+#include "worker/decoding/self_spec_quadratic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+namespace {
+
+// Softmax of `logits` in double, into `probs` (resized).
+void Softmax(std::span<const float> logits, std::vector<double>* probs) {
+  probs->resize(logits.size());
+  float top = -std::numeric_limits<float>::infinity();
+  for (float x : logits) top = std::max(top, x);
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    (*probs)[i] = std::exp(static_cast<double>(logits[i]) - top);
+    total += (*probs)[i];
+  }
+  for (double& p : *probs) p /= total;
+}
+
+}  // namespace
+
+absl::Status ValidateSelfSpecQuadraticOptions(const SelfSpecQuadraticOptions& options,
+                                              int vocab_size) {
+  if (options.draft_len < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("self_spec_quadratic draft length must be >= 1, got ", options.draft_len));
+  }
+  if (options.mask_token < 0 || options.mask_token >= vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("self_spec_quadratic mask token ",
+                                                   options.mask_token,
+                                                   " is outside the vocabulary of ", vocab_size));
+  }
+  if (!(options.lambda >= 0.0f && options.lambda <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "self_spec_quadratic lambda (diffusion verifier weight) must be in [0, 1], got ",
+        options.lambda));
+  }
+  return absl::OkStatus();
+}
+
+StepPlan SelfSpecQuadraticMode::Plan(const DecodeState& state) {
+  StepPlan plan;
+  AppendPending(state, &plan);
+  const int pending = static_cast<int>(plan.tokens.size());
+  const int length = static_cast<int>(state.tokens.size());
+  // Drafts made for another length (none yet, or the sequence changed) are dropped. A step
+  // gains at most m + 1 tokens, and every draft needs a position inside the context.
+  int m = drafts_start_ == length ? static_cast<int>(drafts_.size()) : 0;
+  m = std::max(0, std::min({m, state.budget - 1, max_positions_ - length}));
+  // With one token of budget left no drafts can follow: the step is an AR step.
+  const bool groups = state.budget >= 2;
+
+  layout_ = Layout{};
+  layout_.pending = pending;
+  // Plan indices: the causal chain (pending tokens then drafts) and each group's masks.
+  std::vector<int> chain;
+  for (int i = 0; i < pending; ++i) chain.push_back(i);
+  std::vector<int> group_start;
+  for (int a = 0; a <= m; ++a) {
+    if (a > 0) {
+      layout_.draft_index.push_back(static_cast<int>(plan.tokens.size()));
+      chain.push_back(static_cast<int>(plan.tokens.size()));
+      plan.tokens.push_back(drafts_[a - 1]);
+      plan.positions.push_back(length + a - 1);
+    }
+    const int size =
+        groups ? std::max(0, std::min(options_.draft_len, max_positions_ - length - a)) : 0;
+    group_start.push_back(static_cast<int>(plan.tokens.size()));
+    layout_.group_sizes.push_back(size);
+    for (int r = 0; r < size; ++r) {
+      plan.tokens.push_back(options_.mask_token);
+      plan.positions.push_back(length + a + r);
+    }
+  }
+
+  const int n = static_cast<int>(plan.tokens.size());
+  plan.visible = Visibility::Explicit(n);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    for (size_t j = 0; j <= i; ++j) plan.visible.Allow(chain[i], chain[j]);
+  }
+  for (int a = 0; a <= m; ++a) {
+    // Group a sees the pending tokens and e_0..e_{a-1}: the first pending + a chain entries.
+    const int prefix = pending + a;
+    for (int r = 0; r < layout_.group_sizes[a]; ++r) {
+      const int row = group_start[a] + r;
+      for (int j = 0; j < prefix; ++j) plan.visible.Allow(row, chain[j]);
+      for (int s = 0; s < layout_.group_sizes[a]; ++s) plan.visible.Allow(row, group_start[a] + s);
+    }
+  }
+
+  // Outputs in plan order: the last pending row, then each group and draft as they come.
+  plan.outputs.push_back(pending - 1);
+  layout_.ar_rows.push_back(0);
+  for (int a = 0; a <= m; ++a) {
+    if (a > 0) {
+      layout_.ar_rows.push_back(static_cast<int>(plan.outputs.size()));
+      plan.outputs.push_back(layout_.draft_index[a - 1]);
+    }
+    layout_.group_rows.push_back(static_cast<int>(plan.outputs.size()));
+    for (int r = 0; r < layout_.group_sizes[a]; ++r) plan.outputs.push_back(group_start[a] + r);
+  }
+  return plan;
+}
+
+std::span<const float> SelfSpecQuadraticMode::VerifierLogits(const ExtendOutput& out, int a) {
+  const std::span<const float> ar = LogitsRow(out, layout_.ar_rows[a], vocab_size_);
+  // Near the context end a group may have no mask 0; AR alone verifies there.
+  if (options_.lambda == 0.0f || layout_.group_sizes[a] == 0) return ar;
+  std::vector<double> p_ar, p_diff;
+  Softmax(ar, &p_ar);
+  Softmax(LogitsRow(out, layout_.group_rows[a], vocab_size_), &p_diff);
+  // Log-probabilities of the mixture serve as logits, so temperature, top-k and top-p apply
+  // to the ensemble exactly as they would to a model's logits.
+  mixed_.resize(vocab_size_);
+  const double lambda = options_.lambda;
+  for (int v = 0; v < vocab_size_; ++v) {
+    const double p = (1 - lambda) * p_ar[v] + lambda * p_diff[v];
+    mixed_[v] = p > 0 ? static_cast<float>(std::log(p)) : -std::numeric_limits<float>::max();
+  }
+  return mixed_;
+}
+
+int32_t SelfSpecQuadraticMode::Verify(std::span<const float> logits, int32_t draft,
+                                      const SamplingParams& sampling, uint64_t index,
+                                      bool* accepted) {
+  SamplingDistribution(logits, sampling, &probs_);
+  double total = 0;
+  for (float p : probs_) total += p;
+  const double p_draft = total > 0 ? probs_[draft] / total : 0.0;
+  *accepted = UniformRandom(sampling.seed, index, RngPurpose::kAccept) < p_draft;
+  if (*accepted) return draft;
+  probs_[draft] = 0.0f;
+  const int32_t token =
+      SampleFromDistribution(probs_, UniformRandom(sampling.seed, index, RngPurpose::kResample));
+  // Unreachable unless p is degenerate (all mass on the draft, which is then accepted).
+  return token >= 0 ? token : Argmax(logits);
+}
+
+absl::StatusOr<StepResult> SelfSpecQuadraticMode::Consume(const DecodeState& state,
+                                                          const StepPlan& plan,
+                                                          const ExtendOutput& out) {
+  const int pending = state.pending();
+  if (pending < 1 || pending != layout_.pending) {
+    return absl::InternalError("self_spec_quadratic: the step consumed is not the one planned");
+  }
+  const int m = static_cast<int>(layout_.draft_index.size());
+  const size_t rows = plan.outputs.size();
+  if (out.logits.size() != rows * static_cast<size_t>(vocab_size_)) {
+    return absl::InternalError(absl::StrCat("self_spec_quadratic expected logits for ", rows,
+                                            " rows, got ", out.logits.size(), " values"));
+  }
+  const uint64_t length = state.tokens.size();
+  StepResult result;
+  for (int i = 0; i < pending; ++i) result.keep.push_back(i);
+  int a = 0;
+  bool rejected = false;
+  for (; a < m; ++a) {
+    bool accepted = false;
+    const int32_t token = Verify(VerifierLogits(out, a), plan.tokens[layout_.draft_index[a]],
+                                 *state.sampling, length + a, &accepted);
+    result.append.push_back(token);
+    if (!accepted) {
+      rejected = true;
+      break;
+    }
+    result.keep.push_back(layout_.draft_index[a]);
+  }
+  if (!rejected) {
+    result.append.push_back(SampleToken(VerifierLogits(out, m), *state.sampling, length + m));
+  }
+  result.drafted = m;
+  result.accepted = a;
+
+  // The next drafts: masks 1.. of the group that follows the accepted prefix.
+  drafts_.clear();
+  for (int r = 1; r < layout_.group_sizes[a]; ++r) {
+    drafts_.push_back(Argmax(LogitsRow(out, layout_.group_rows[a] + r, vocab_size_)));
+  }
+  drafts_start_ = static_cast<int>(length) + a + 1;
+  return result;
+}
+
+}  // namespace tandem
