@@ -1,7 +1,10 @@
 #include <memory>
 
+#include "absl/strings/str_join.h"
 #include "services/cli/bench_engine.h"
+#include "services/cli/bench_modes.h"
 #include "services/cli/commands.h"
+#include "worker/decoding/modes.h"
 
 namespace tandem::cli {
 
@@ -22,6 +25,32 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("--layers", engine->layers, "Layers of the synthetic model")
       ->capture_default_str();
   cmd->callback([engine, exit_code] { *exit_code = RunBenchEngine(*engine); });
+
+  auto modes = std::make_shared<BenchModesArgs>();
+  CLI::App* modes_cmd = bench->add_subcommand(
+      "modes",
+      "Decoding modes on held-out prompts of a model (greedy): tokens per target forward, "
+      "acceptance length, CPU tokens/s and exact match with AR, per prompt category. Modes: " +
+          absl::StrJoin(ImplementedModes(), ", "));
+  modes_cmd->add_option("--model", modes->model_dir, "Target model directory")
+      ->capture_default_str();
+  modes_cmd->add_option("--drafter", modes->drafter_dir,
+                        "spec: drafter model directory; default: the target itself (an upper "
+                        "bound: every greedy draft is accepted)");
+  modes_cmd->add_option("--prompts-file", modes->prompts_file,
+                        "Prompt sets; default: <model>/fixtures/bench_prompts.json");
+  modes_cmd
+      ->add_option("--modes", modes->modes,
+                   "Comma-separated mode names or variant labels (\"spec gamma=2\"); default: "
+                   "all")
+      ->delimiter(',');
+  modes_cmd->add_option("--max-tokens", modes->max_tokens, "New tokens per prompt")
+      ->capture_default_str();
+  modes_cmd->add_option("--prompts", modes->prompts, "Prompts per category; 0 = all")
+      ->capture_default_str();
+  modes_cmd->add_flag("--json", modes->json, "Print JSON instead of a table");
+  modes_cmd->add_option("--threads", modes->threads, "CPU threads; 0 = all cores");
+  modes_cmd->callback([modes, exit_code] { *exit_code = RunBenchModes(*modes); });
 }
 
 }  // namespace tandem::cli

@@ -1,0 +1,369 @@
+// `tandem bench modes`: runs each decoding-mode variant over the same held-out prompts and
+// compares it with AR greedy decoding of the same prompts.
+#include "services/cli/bench_modes.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cpu/gemm.h"
+#include "nlohmann/json.hpp"
+#include "worker/decoding/modes.h"
+#include "worker/engine/local_generator.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct Prompt {
+  std::string category;
+  std::string source;
+  std::string text;
+};
+
+// One row of the table: a mode with options that differ from its defaults in `label`.
+struct Variant {
+  std::string mode;
+  std::string label;
+  ModeOptions options;
+  nlohmann::json options_json;  // the options that differ from the defaults
+};
+
+// Sums over the prompts of one category.
+struct Totals {
+  int prompts = 0;
+  int tokens = 0;
+  int forwards = 0;
+  int drafter_forwards = 0;
+  int steps_with_drafts = 0;
+  int drafted = 0;
+  int accepted = 0;
+  double seconds = 0;
+  int exact_sequences = 0;  // prompts whose tokens equal AR's
+  int equal_tokens = 0;     // positions i where token i equals AR's token i
+  int compared_tokens = 0;  // sum of max(len, AR len)
+  bool lossless = true;
+};
+
+// The default variant of every implemented mode, plus option sweeps worth comparing for the
+// modes known here; modes added later get their default row without code changes.
+std::vector<Variant> AllVariants() {
+  std::vector<Variant> variants;
+  for (const std::string& mode : ImplementedModes()) {
+    variants.push_back({mode, mode, ModeOptions{}, nlohmann::json::object()});
+    if (mode == "jacobi") {
+      for (const auto& [n, k] : std::vector<std::pair<int, int>>{{16, 2}, {8, 1}, {8, 2}}) {
+        Variant v{mode, absl::StrCat("jacobi n=", n, " K=", k), ModeOptions{}, {}};
+        v.options.jacobi_block_size = n;
+        v.options.jacobi_blocks = k;
+        v.options_json = {{"jacobi_block_size", n}, {"jacobi_blocks", k}};
+        variants.push_back(std::move(v));
+      }
+      Variant plain{mode, "jacobi no-recycling", ModeOptions{}, {}};
+      plain.options.jacobi_pool_size = 0;
+      plain.options.jacobi_candidates = 0;
+      plain.options_json = {{"jacobi_pool_size", 0}, {"jacobi_candidates", 0}};
+      variants.push_back(std::move(plain));
+    } else if (mode == "spec") {
+      for (int gamma : {2, 8}) {
+        Variant v{mode, absl::StrCat("spec gamma=", gamma), ModeOptions{}, {}};
+        v.options.spec_gamma = gamma;
+        v.options_json = {{"spec_gamma", gamma}};
+        variants.push_back(std::move(v));
+      }
+    } else if (mode == "self_spec") {
+      Variant v{mode, "self_spec k=4", ModeOptions{}, {}};
+      v.options.self_spec_draft_len = 4;
+      v.options_json = {{"self_spec_draft_len", 4}};
+      variants.push_back(std::move(v));
+    } else if (mode == "diffusion") {
+      for (float t : {0.5f, 0.0f}) {
+        Variant v{mode, absl::StrCat("diffusion t=", t), ModeOptions{}, {}};
+        v.options.diffusion_threshold = t;
+        v.options_json = {{"diffusion_threshold", t}};
+        variants.push_back(std::move(v));
+      }
+    }
+  }
+  return variants;
+}
+
+absl::StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path, int per_category) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read prompt file ", path,
+                     " (write it with tools/bench/make_bench_prompts.py, or pass --prompts-file)"));
+  }
+  std::vector<Prompt> prompts;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& [category, items] : j.at("categories").items()) {
+      int taken = 0;
+      for (const auto& item : items) {
+        if (per_category > 0 && taken == per_category) break;
+        prompts.push_back(
+            {category, item.at("source").get<std::string>(), item.at("text").get<std::string>()});
+        ++taken;
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": expected {\"categories\": {name: [{\"source\", \"text\"}]}}: ", e.what()));
+  }
+  if (prompts.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " has no prompts"));
+  return prompts;
+}
+
+void Add(const GenerateResult& r, const std::vector<int32_t>& ar_tokens, Totals* t) {
+  const int n = static_cast<int>(r.tokens.size());
+  const int ar_n = static_cast<int>(ar_tokens.size());
+  ++t->prompts;
+  t->tokens += n;
+  t->forwards += r.forwards;
+  t->drafter_forwards += r.drafter_forwards;
+  t->steps_with_drafts += r.steps_with_drafts;
+  t->drafted += r.drafted;
+  t->accepted += r.accepted;
+  t->seconds += r.seconds;
+  t->lossless = r.lossless;
+  if (r.tokens == ar_tokens) ++t->exact_sequences;
+  for (int i = 0; i < std::min(n, ar_n); ++i) t->equal_tokens += r.tokens[i] == ar_tokens[i];
+  t->compared_tokens += std::max(n, ar_n);
+}
+
+std::optional<double> AcceptanceLength(const Totals& t) {
+  if (t.steps_with_drafts == 0) return std::nullopt;
+  return static_cast<double>(t.accepted + t.steps_with_drafts) / t.steps_with_drafts;
+}
+
+nlohmann::json RowJson(const Variant& v, const std::string& category, const Totals& t) {
+  const std::optional<double> accept = AcceptanceLength(t);
+  return {
+      {"mode", v.mode},
+      {"variant", v.label},
+      {"options", v.options_json},
+      {"category", category},
+      {"lossless", t.lossless},
+      {"prompts", t.prompts},
+      {"tokens", t.tokens},
+      {"forwards", t.forwards},
+      {"drafter_forwards", t.drafter_forwards},
+      {"tokens_per_forward", t.forwards > 0 ? static_cast<double>(t.tokens) / t.forwards : 0.0},
+      {"steps_with_drafts", t.steps_with_drafts},
+      {"drafted_tokens", t.drafted},
+      {"accepted_tokens", t.accepted},
+      {"mean_acceptance_length", accept ? nlohmann::json(*accept) : nlohmann::json(nullptr)},
+      {"seconds", t.seconds},
+      {"cpu_tokens_per_second", t.seconds > 0 ? t.tokens / t.seconds : 0.0},
+      {"exact_match_sequences",
+       t.prompts > 0 ? static_cast<double>(t.exact_sequences) / t.prompts : 0.0},
+      {"exact_match_tokens",
+       t.compared_tokens > 0 ? static_cast<double>(t.equal_tokens) / t.compared_tokens : 0.0},
+  };
+}
+
+constexpr const char* kDefinitions[] = {
+    "TPF: completion tokens / target forwards, summed over the category's prompts; every "
+    "target forward counts (prefill, draft and verify forwards alike; a separate drafter's "
+    "forwards are listed apart).",
+    "acc.len: mean acceptance length = (accepted drafts + steps with drafts) / steps with drafts "
+    "-- the tokens a drafting step commits: its accepted drafts plus the one token the target "
+    "adds (bonus or correction); a self_spec cycle (draft + verify forward) is one such step. "
+    "'-' when the mode drafts nothing.",
+    "tok/s: completion tokens / wall seconds on this CPU (prefill included, batch 1); wider "
+    "extends cost the CPU nearly proportionally more, unlike a GPU.",
+    "seq=AR: fraction of prompts whose tokens equal AR greedy's exactly; tok=AR: positions whose "
+    "token equals AR's at the same index / sum of max(len, AR len).",
+};
+
+}  // namespace
+
+int RunBenchModes(const BenchModesArgs& args) {
+  kernels::cpu::SetBlasThreads(args.threads);
+  const int threads = kernels::cpu::BlasThreads();
+  omp_set_num_threads(threads);
+  if (args.max_tokens <= 0) {
+    std::fprintf(stderr, "bench modes: --max-tokens must be positive, got %d\n", args.max_tokens);
+    return 1;
+  }
+  const std::string prompts_path = args.prompts_file.empty()
+                                       ? args.model_dir + "/fixtures/bench_prompts.json"
+                                       : args.prompts_file;
+  auto prompts = LoadPrompts(prompts_path, args.prompts);
+  if (!prompts.ok()) {
+    std::fprintf(stderr, "bench modes: %s\n", prompts.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<Variant> variants = AllVariants();
+  if (!args.modes.empty()) {
+    std::vector<Variant> chosen;
+    for (const std::string& want : args.modes) {
+      bool matched = false;
+      for (const Variant& v : variants) {
+        const bool taken = std::any_of(chosen.begin(), chosen.end(),
+                                       [&](const Variant& c) { return c.label == v.label; });
+        if (v.mode != want && v.label != want) continue;
+        matched = true;
+        if (!taken) chosen.push_back(v);
+      }
+      if (!matched) {
+        std::vector<std::string> labels;
+        for (const Variant& v : variants) labels.push_back(v.label);
+        std::fprintf(stderr, "bench modes: unknown mode or variant '%s'; this build has: %s\n",
+                     want.c_str(), absl::StrJoin(labels, ", ").c_str());
+        return 1;
+      }
+    }
+    variants = std::move(chosen);
+  }
+
+  auto target = LoadModelDir(args.model_dir);
+  if (!target.ok()) {
+    std::fprintf(stderr, "bench modes: %s\n", target.status().ToString().c_str());
+    return 1;
+  }
+  const bool self_drafting = args.drafter_dir.empty() || args.drafter_dir == args.model_dir;
+  absl::StatusOr<LoadedModel> separate_drafter;
+  LoadedModel* drafter = &*target;
+  if (!self_drafting) {
+    separate_drafter = LoadModelDir(args.drafter_dir);
+    if (!separate_drafter.ok()) {
+      std::fprintf(stderr, "bench modes: drafter: %s\n",
+                   separate_drafter.status().ToString().c_str());
+      return 1;
+    }
+    drafter = &*separate_drafter;
+  }
+  LocalGenerator generator(&*target);
+  auto generate = [&](const Variant& v, const Prompt& p) {
+    GenerateOptions options;
+    options.mode = v.mode;
+    options.mode_options = v.options;
+    options.max_tokens = args.max_tokens;
+    options.drafter = drafter;
+    return generator.Generate(p.text, options);
+  };
+
+  // AR greedy is the reference of every exact-match column; its first run also warms caches.
+  const Variant ar{"ar", "ar", ModeOptions{}, nlohmann::json::object()};
+  (void)generate(ar, prompts->front());
+  std::vector<GenerateResult> reference;
+  for (const Prompt& p : *prompts) {
+    auto r = generate(ar, p);
+    if (!r.ok()) {
+      std::fprintf(stderr, "bench modes: ar on %s: %s\n", p.source.c_str(),
+                   r.status().ToString().c_str());
+      return 1;
+    }
+    reference.push_back(*std::move(r));
+  }
+
+  std::vector<std::string> categories;
+  for (const Prompt& p : *prompts) {
+    if (std::find(categories.begin(), categories.end(), p.category) == categories.end()) {
+      categories.push_back(p.category);
+    }
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json skipped = nlohmann::json::array();
+  std::vector<std::pair<const Variant*, std::map<std::string, Totals>>> results;
+  for (const Variant& v : variants) {
+    std::map<std::string, Totals> totals;
+    std::string skip_reason;
+    for (size_t i = 0; i < prompts->size(); ++i) {
+      const Prompt& p = (*prompts)[i];
+      absl::StatusOr<GenerateResult> r =
+          v.label == "ar" ? absl::StatusOr<GenerateResult>(reference[i]) : generate(v, p);
+      if (!r.ok() && i == 0 && absl::IsInvalidArgument(r.status())) {
+        // The model cannot run this mode (e.g. no <|mask|> token): a row, not a failure.
+        skip_reason = std::string(r.status().message());
+        break;
+      }
+      if (!r.ok()) {
+        std::fprintf(stderr, "bench modes: %s on %s: %s\n", v.label.c_str(), p.source.c_str(),
+                     r.status().ToString().c_str());
+        return 1;
+      }
+      Add(*r, reference[i].tokens, &totals[p.category]);
+    }
+    if (!skip_reason.empty()) {
+      skipped.push_back({{"variant", v.label}, {"reason", skip_reason}});
+      continue;
+    }
+    for (const std::string& c : categories) rows.push_back(RowJson(v, c, totals[c]));
+    results.emplace_back(&v, std::move(totals));
+  }
+
+  std::map<std::string, int> per_category;
+  for (const Prompt& p : *prompts) ++per_category[p.category];
+  if (args.json) {
+    const nlohmann::json j = {
+        {"model", args.model_dir},
+        {"drafter", self_drafting ? args.model_dir : args.drafter_dir},
+        {"drafter_is_target", self_drafting},
+        {"prompts_file", prompts_path},
+        {"prompts_per_category", per_category},
+        {"max_tokens", args.max_tokens},
+        {"sampling", "greedy"},
+        {"threads", threads},
+        {"definitions", kDefinitions},
+        {"results", rows},
+        {"skipped", skipped},
+    };
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+
+  std::printf("tandem bench modes  (model %s, greedy, up to %d new tokens, %d threads)\n",
+              args.model_dir.c_str(), args.max_tokens, threads);
+  std::printf("prompts: %s (", prompts_path.c_str());
+  for (size_t i = 0; i < categories.size(); ++i) {
+    std::printf("%s%d %s", i > 0 ? ", " : "", per_category[categories[i]], categories[i].c_str());
+  }
+  std::printf(")\n");
+  if (self_drafting) {
+    std::printf(
+        "spec drafter: the target itself -- self-drafting accepts every greedy draft, so the "
+        "spec rows are an upper bound, not a real drafter's numbers\n");
+  } else {
+    std::printf("spec drafter: %s\n", args.drafter_dir.c_str());
+  }
+  for (const std::string& c : categories) {
+    std::printf("\n[%s]\n", c.c_str());
+    std::printf("%-22s %-8s %6s %8s %9s %8s %8s %12s %7s %7s\n", "mode", "lossless", "TPF",
+                "acc.len", "forwards", "drafter", "tokens", "tok/s (CPU)", "seq=AR", "tok=AR");
+    for (const auto& [v, totals] : results) {
+      const Totals& t = totals.at(c);
+      const std::optional<double> accept = AcceptanceLength(t);
+      const std::string accept_text = accept ? absl::StrFormat("%.2f", *accept) : "-";
+      std::printf("%-22s %-8s %6.2f %8s %9d %8d %8d %12.1f %7.2f %7.2f\n", v->label.c_str(),
+                  t.lossless ? "yes" : "NO", t.forwards > 0 ? 1.0 * t.tokens / t.forwards : 0.0,
+                  accept_text.c_str(), t.forwards, t.drafter_forwards, t.tokens,
+                  t.seconds > 0 ? t.tokens / t.seconds : 0.0,
+                  t.prompts > 0 ? 1.0 * t.exact_sequences / t.prompts : 0.0,
+                  t.compared_tokens > 0 ? 1.0 * t.equal_tokens / t.compared_tokens : 0.0);
+    }
+  }
+  if (!skipped.empty()) std::printf("\n");
+  for (const auto& s : skipped) {
+    std::printf("skipped %s: %s\n", s["variant"].get<std::string>().c_str(),
+                s["reason"].get<std::string>().c_str());
+  }
+  std::printf("\n");
+  for (const char* d : kDefinitions) std::printf("%s\n", d);
+  return 0;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,25 @@
+// `tandem bench modes`: every implemented decoding mode (and a few option variants) on held-out
+// prompts of a bundled model, greedy: tokens per target forward, acceptance length, CPU
+// tokens/s and agreement with AR decoding, per prompt category.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+struct BenchModesArgs {
+  std::string model_dir = "models/tandem-target";
+  std::string drafter_dir;   // spec's drafter; empty = the target itself
+  std::string prompts_file;  // empty = <model_dir>/fixtures/bench_prompts.json
+  // Mode names or variant labels ("jacobi", "spec gamma=2"); empty = all.
+  std::vector<std::string> modes;
+  int max_tokens = 64;
+  int prompts = 0;  // per category; 0 = all in the file
+  bool json = false;
+  int threads = 0;
+};
+
+int RunBenchModes(const BenchModesArgs& args);
+
+}  // namespace tandem::cli
