@@ -133,6 +133,17 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_option("--jacobi-blocks", args->mode_options.jacobi_blocks,
                   "jacobi: blocks in flight (K, multi-block decoding)")
       ->capture_default_str();
+  cmd->add_option("--jacobi-spawn-ratio", args->mode_options.jacobi_spawn_ratio,
+                  "jacobi: spawn a block when one has >= ceil(r n) accepted tokens (r)")
+      ->capture_default_str();
+  cmd->add_option("--jacobi-pool", args->mode_options.jacobi_pool_size,
+                  "jacobi: n-grams kept for rejection recycling; 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--jacobi-candidates", args->mode_options.jacobi_candidates,
+                  "jacobi: recycled candidates verified per iteration")
+      ->capture_default_str();
+  cmd->add_flag("--jacobi-prompt-lookup", args->mode_options.jacobi_prompt_lookup,
+                "jacobi: also verify a candidate found by prompt lookup (not part of pcLLM)");
   cmd->add_option("--diffusion-threshold", args->mode_options.diffusion_threshold,
                   "diffusion: unmask slots whose top-1 probability reaches this (0 = whole "
                   "block per forward)")
