@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "worker/decoding/verify.h"
 
 namespace tandem {
 
@@ -54,21 +55,6 @@ StepPlan SelfSpecMode::PlanDraft(const DecodeState& state) {
   return plan;
 }
 
-int32_t SelfSpecMode::Verify(std::span<const float> logits, int32_t draft,
-                             const SamplingParams& sampling, uint64_t index, bool* accepted) {
-  SamplingDistribution(logits, sampling, &probs_);
-  double total = 0;
-  for (float p : probs_) total += p;
-  const double p_draft = total > 0 ? probs_[draft] / total : 0.0;
-  *accepted = UniformRandom(sampling.seed, index, RngPurpose::kAccept) < p_draft;
-  if (*accepted) return draft;
-  probs_[draft] = 0.0f;
-  const int32_t token =
-      SampleFromDistribution(probs_, UniformRandom(sampling.seed, index, RngPurpose::kResample));
-  // Unreachable unless p is degenerate (all mass on the draft, which is then accepted).
-  return token >= 0 ? token : Argmax(logits);
-}
-
 absl::StatusOr<StepResult> SelfSpecMode::ConsumeDraft(const DecodeState& state,
                                                       const StepPlan& plan,
                                                       const ExtendOutput& out) {
@@ -89,7 +75,7 @@ absl::StatusOr<StepResult> SelfSpecMode::ConsumeDraft(const DecodeState& state,
   const int m = std::min(masks - 1, state.budget - 2);
   cycle_drafted_ = 1 + m;
   bool accepted = false;
-  const int32_t v0 = Verify(ar, drafts_[0], *state.sampling, length, &accepted);
+  const int32_t v0 = VerifyDraft(ar, drafts_[0], *state.sampling, length, &accepted, &probs_);
   result.append.push_back(v0);
   if (!accepted) {
     result.drafted = cycle_drafted_;
@@ -128,8 +114,8 @@ absl::StatusOr<StepResult> SelfSpecMode::ConsumeVerify(const DecodeState& state,
   int j = 0;
   for (; j < m; ++j) {
     bool accepted = false;
-    const int32_t token = Verify(LogitsRow(out, j, vocab_size_), plan.tokens[pending + j],
-                                 *state.sampling, length + j, &accepted);
+    const int32_t token = VerifyDraft(LogitsRow(out, j, vocab_size_), plan.tokens[pending + j],
+                                      *state.sampling, length + j, &accepted, &probs_);
     result.append.push_back(token);
     if (!accepted) break;
     result.keep.push_back(pending + j);

@@ -53,12 +53,6 @@ class SelfSpecMode : public DecodingMode {
                                           const ExtendOutput& out);
   absl::StatusOr<StepResult> ConsumeVerify(const DecodeState& state, const StepPlan& plan,
                                            const ExtendOutput& out);
-  // Point-mass p/q verification of `draft` as the token at sequence index `index` under the
-  // AR logits `logits`: the draft when accepted, otherwise a draw from p without it. Greedy
-  // sampling reduces to "accept iff draft == argmax, else argmax".
-  int32_t Verify(std::span<const float> logits, int32_t draft, const SamplingParams& sampling,
-                 uint64_t index, bool* accepted);
-
   SelfSpecOptions options_;
   int vocab_size_;
   int max_positions_;

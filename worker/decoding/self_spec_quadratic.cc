@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "worker/decoding/verify.h"
 
 namespace tandem {
 
@@ -126,22 +127,6 @@ std::span<const float> SelfSpecQuadraticMode::VerifierLogits(const ExtendOutput&
   return mixed_;
 }
 
-int32_t SelfSpecQuadraticMode::Verify(std::span<const float> logits, int32_t draft,
-                                      const SamplingParams& sampling, uint64_t index,
-                                      bool* accepted) {
-  SamplingDistribution(logits, sampling, &probs_);
-  double total = 0;
-  for (float p : probs_) total += p;
-  const double p_draft = total > 0 ? probs_[draft] / total : 0.0;
-  *accepted = UniformRandom(sampling.seed, index, RngPurpose::kAccept) < p_draft;
-  if (*accepted) return draft;
-  probs_[draft] = 0.0f;
-  const int32_t token =
-      SampleFromDistribution(probs_, UniformRandom(sampling.seed, index, RngPurpose::kResample));
-  // Unreachable unless p is degenerate (all mass on the draft, which is then accepted).
-  return token >= 0 ? token : Argmax(logits);
-}
-
 absl::StatusOr<StepResult> SelfSpecQuadraticMode::Consume(const DecodeState& state,
                                                           const StepPlan& plan,
                                                           const ExtendOutput& out) {
@@ -162,8 +147,8 @@ absl::StatusOr<StepResult> SelfSpecQuadraticMode::Consume(const DecodeState& sta
   bool rejected = false;
   for (; a < m; ++a) {
     bool accepted = false;
-    const int32_t token = Verify(VerifierLogits(out, a), plan.tokens[layout_.draft_index[a]],
-                                 *state.sampling, length + a, &accepted);
+    const int32_t token = VerifyDraft(VerifierLogits(out, a), plan.tokens[layout_.draft_index[a]],
+                                      *state.sampling, length + a, &accepted, &probs_);
     result.append.push_back(token);
     if (!accepted) {
       rejected = true;

@@ -76,11 +76,6 @@ class SelfSpecQuadraticMode : public DecodingMode {
   // The verifier logits for the token at position L + a: AR row a, mixed with mask 0 of
   // group a when lambda > 0 (written to `mixed_`).
   std::span<const float> VerifierLogits(const ExtendOutput& out, int a);
-  // Point-mass p/q verification of `draft` as the token at sequence index `index`: the draft
-  // when accepted, otherwise a draw from p without it (greedy: accept iff draft == argmax).
-  int32_t Verify(std::span<const float> logits, int32_t draft, const SamplingParams& sampling,
-                 uint64_t index, bool* accepted);
-
   SelfSpecQuadraticOptions options_;
   int vocab_size_;
   int max_positions_;

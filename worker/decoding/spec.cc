@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "worker/decoding/verify.h"
 
 namespace tandem {
 
@@ -64,25 +65,10 @@ absl::StatusOr<StepResult> SpecMode::Consume(const DecodeState& state, const Ste
   int accepted = 0;
   int32_t next = -1;
   for (; accepted < gamma; ++accepted) {
-    const int32_t draft = plan.tokens[pending + accepted];
-    const std::span<const float> logits = LogitsRow(out, accepted, vocab_size_);
-    const uint64_t index = t + accepted;
-    if (sampling.greedy()) {
-      // p is a point mass at the argmax: accept iff the draft is it, else the argmax is the
-      // residual's only token.
-      const int32_t best = Argmax(logits);
-      if (draft == best) continue;
-      next = best;
-      break;
-    }
-    SamplingDistribution(logits, sampling, &probs);
-    if (UniformRandom(sampling.seed, index, RngPurpose::kAccept) < probs[draft]) continue;
-    probs[draft] = 0.0f;
-    next =
-        SampleFromDistribution(probs, UniformRandom(sampling.seed, index, RngPurpose::kResample));
-    // No mass besides the draft means p was a point mass on it up to rounding: it is the token.
-    if (next < 0) next = draft;
-    break;
+    bool ok = false;
+    next = VerifyDraft(LogitsRow(out, accepted, vocab_size_), plan.tokens[pending + accepted],
+                       sampling, t + accepted, &ok, &probs);
+    if (!ok) break;
   }
   if (accepted == gamma) {
     next = SampleToken(LogitsRow(out, gamma, vocab_size_), sampling, t + gamma);
