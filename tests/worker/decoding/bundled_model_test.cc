@@ -2,60 +2,19 @@
 // prompts (the model's golden fixtures), and the tokens per forward it reaches are printed.
 // Skipped when the model folder is absent.
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
-#include "worker/decoding/ar.h"
+#include "tests/worker/decoding/bundled_target.h"
 #include "worker/decoding/modes.h"
 #include "worker/decoding/runner.h"
 
 namespace tandem {
 namespace {
 
-constexpr int kMaxTokens = 48;
-constexpr size_t kPrompts = 4;  // each forward of this model costs milliseconds on a CPU
+class JacobiBundledModelTest : public testing::BundledTargetTest {};
 
-const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
-
-std::vector<std::vector<int32_t>> HeldOutPrompts() {
-  std::ifstream in(kModelDir + "/fixtures/greedy.json");
-  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  std::vector<std::vector<int32_t>> prompts;
-  if (doc.is_discarded() || !doc.contains("cases")) return prompts;
-  for (const nlohmann::json& c : doc["cases"]) {
-    if (prompts.size() == kPrompts) break;
-    prompts.push_back(c["prompt_ids"].get<std::vector<int32_t>>());
-  }
-  return prompts;
-}
-
-absl::StatusOr<RunStats> Decode(Transformer& model, DecodingMode& mode,
-                                std::span<const int32_t> prompt) {
-  KvCache kv(model.KvOptions(static_cast<int64_t>(prompt.size()) + kMaxTokens + 512));
-  RunOptions options;
-  options.max_tokens = kMaxTokens;
-  return RunSequence(model, kv, 1, mode, prompt, options);
-}
-
-TEST(JacobiBundledModelTest, EqualsArOnHeldOutCode) {
-  if (!std::filesystem::exists(kModelDir + "/config.json")) {
-    GTEST_SKIP() << "no bundled model at " << kModelDir;
-  }
-  absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::Load(kModelDir);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const std::vector<std::vector<int32_t>> prompts = HeldOutPrompts();
-  ASSERT_FALSE(prompts.empty()) << "no prompts in the model's fixtures/greedy.json";
-
-  std::vector<std::vector<int32_t>> want;
-  ArMode ar((*model)->config().vocab_size);
-  for (const std::vector<int32_t>& prompt : prompts) {
-    absl::StatusOr<RunStats> run = Decode(**model, ar, prompt);
-    ASSERT_TRUE(run.ok()) << run.status();
-    want.push_back(run->tokens);
-  }
-
+TEST_F(JacobiBundledModelTest, EqualsArOnHeldOutCode) {
+  ASSERT_FALSE(prompts_.empty()) << "no prompts in the model's fixtures/greedy.json";
   struct Config {
     const char* label;
     ModeOptions options;
@@ -71,12 +30,12 @@ TEST(JacobiBundledModelTest, EqualsArOnHeldOutCode) {
   };
   for (const Config& config : configs) {
     int64_t tokens = 0, forwards = 0, accepted = 0;
-    for (size_t p = 0; p < prompts.size(); ++p) {
-      auto mode = CreateMode("jacobi", config.options, (*model)->config(), SamplingParams{});
+    for (size_t p = 0; p < prompts_.size(); ++p) {
+      auto mode = CreateMode("jacobi", config.options, model_->config(), SamplingParams{});
       ASSERT_TRUE(mode.ok()) << mode.status();
-      absl::StatusOr<RunStats> run = Decode(**model, **mode, prompts[p]);
+      absl::StatusOr<RunStats> run = Decode(**mode, prompts_[p]);
       ASSERT_TRUE(run.ok()) << run.status();
-      EXPECT_EQ(run->tokens, want[p]) << config.label << ", prompt " << p;
+      EXPECT_EQ(run->tokens, ar_[p]) << config.label << ", prompt " << p;
       tokens += static_cast<int64_t>(run->tokens.size());
       forwards += run->forwards;
       accepted += run->accepted;

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/decoding/bundled_target.h"
 #include "worker/decoding/ar.h"
 #include "worker/decoding/modes.h"
 #include "worker/decoding/runner.h"
@@ -16,12 +17,8 @@
 namespace tandem {
 namespace {
 
-const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
-
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-}
+using testing::BundledTargetTest;
+using testing::kBundledTargetDir;
 
 // Keeps the (drafted, accepted) of each self-speculation cycle: the one step of a cycle that
 // reports drafts.
@@ -45,42 +42,16 @@ class CycleRecorder : public DecodingMode {
   std::unique_ptr<DecodingMode> inner_;
 };
 
-class NldBundledTest : public ::testing::Test {
+class NldBundledTest : public BundledTargetTest {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(kModelDir + "/config.json")) {
-      GTEST_SKIP() << "no bundled model at " << kModelDir;
-    }
-    absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::Load(kModelDir);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = std::move(*model);
-    modes_ = ReadJson(kModelDir + "/fixtures/modes.json");
-    const nlohmann::json greedy = ReadJson(kModelDir + "/fixtures/greedy.json");
-    ASSERT_FALSE(modes_.is_discarded() || greedy.is_discarded());
-    new_tokens_ = greedy["new_tokens"].get<int>();
-    for (const nlohmann::json& c : greedy["cases"]) {
-      prompts_.push_back(c["prompt_ids"].get<std::vector<int32_t>>());
-      ArMode ar(model_->config().vocab_size);
-      absl::StatusOr<RunStats> r = Decode(ar, prompts_.back());
-      ASSERT_TRUE(r.ok()) << r.status();
-      ar_.push_back(r->tokens);
-    }
+    BundledTargetTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    modes_ = testing::ReadJson(kBundledTargetDir + "/fixtures/modes.json");
+    ASSERT_FALSE(modes_.is_discarded());
   }
 
-  absl::StatusOr<RunStats> Decode(DecodingMode& mode, std::span<const int32_t> prompt,
-                                  int max_tokens = 0, std::optional<int32_t> stop = {}) {
-    RunOptions options;
-    options.max_tokens = max_tokens > 0 ? max_tokens : new_tokens_;
-    if (stop) options.on_token = [t = *stop](int32_t token) { return token == t; };
-    KvCache kv(model_->KvOptions(static_cast<int64_t>(prompt.size()) + options.max_tokens + 64));
-    return RunSequence(*model_, kv, 1, mode, prompt, options);
-  }
-
-  std::unique_ptr<Transformer> model_;
   nlohmann::json modes_;
-  int new_tokens_ = 0;
-  std::vector<std::vector<int32_t>> prompts_;
-  std::vector<std::vector<int32_t>> ar_;
 };
 
 TEST_F(NldBundledTest, SelfSpecEqualsArAndTheReferenceCycles) {

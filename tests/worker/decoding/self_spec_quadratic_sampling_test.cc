@@ -21,17 +21,8 @@ using testing::TinyArch;
 // The sampling distribution of the token after `tokens`, from a cache of its own.
 std::vector<double> NextDistribution(Transformer& model, std::span<const int32_t> tokens,
                                      const SamplingParams& sampling) {
-  KvCache kv(model.KvOptions(static_cast<int64_t>(tokens.size()) + 16, 16));
-  EXPECT_TRUE(kv.AddSequence(1).ok());
-  EXPECT_TRUE(kv.Reserve(1, static_cast<int>(tokens.size())));
-  std::vector<int32_t> positions(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) positions[i] = static_cast<int32_t>(i);
-  const std::vector<int32_t> outputs = {static_cast<int32_t>(tokens.size()) - 1};
-  Extend extend{.seq = 1, .tokens = tokens, .positions = positions, .outputs = outputs};
-  absl::StatusOr<std::vector<ExtendOutput>> out = model.Forward({&extend, 1}, kv);
-  EXPECT_TRUE(out.ok()) << out.status();
   std::vector<float> probs;
-  if (out.ok()) SamplingDistribution((*out)[0].logits, sampling, &probs);
+  SamplingDistribution(testing::NextLogits(model, tokens), sampling, &probs);
   double total = 0;
   for (float p : probs) total += p;
   std::vector<double> normalised(probs.size());

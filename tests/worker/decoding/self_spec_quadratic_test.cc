@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/decoding/bundled_target.h"
 #include "tests/worker/decoding/tiny_models.h"
 #include "worker/decoding/ar.h"
 #include "worker/decoding/modes.h"
@@ -23,8 +24,6 @@ namespace tandem {
 namespace {
 
 using testing::TinyArch;
-
-const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
 
 // Row i as the list of j that token i sees.
 std::vector<std::vector<int>> SeenBy(const Visibility& v, int n) {
@@ -228,41 +227,8 @@ TEST(SelfSpecQuadraticDraftTest, DraftsEqualTheLinearDraftPassOnRandomModels) {
   }
 }
 
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-}
-
-class QuadraticBundledTest : public ::testing::Test {
+class QuadraticBundledTest : public testing::BundledTargetTest {
  protected:
-  void SetUp() override {
-    if (!std::filesystem::exists(kModelDir + "/config.json")) {
-      GTEST_SKIP() << "no bundled model at " << kModelDir;
-    }
-    absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::Load(kModelDir);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = std::move(*model);
-    const nlohmann::json greedy = ReadJson(kModelDir + "/fixtures/greedy.json");
-    ASSERT_FALSE(greedy.is_discarded());
-    new_tokens_ = greedy["new_tokens"].get<int>();
-    for (const nlohmann::json& c : greedy["cases"]) {
-      prompts_.push_back(c["prompt_ids"].get<std::vector<int32_t>>());
-      ArMode ar(model_->config().vocab_size);
-      absl::StatusOr<RunStats> r = Decode(ar, prompts_.back());
-      ASSERT_TRUE(r.ok()) << r.status();
-      ar_.push_back(r->tokens);
-    }
-  }
-
-  absl::StatusOr<RunStats> Decode(DecodingMode& mode, std::span<const int32_t> prompt,
-                                  int max_tokens = 0, std::optional<int32_t> stop = {}) {
-    RunOptions options;
-    options.max_tokens = max_tokens > 0 ? max_tokens : new_tokens_;
-    if (stop) options.on_token = [t = *stop](int32_t token) { return token == t; };
-    KvCache kv(model_->KvOptions(static_cast<int64_t>(prompt.size()) + options.max_tokens + 64));
-    return RunSequence(*model_, kv, 1, mode, prompt, options);
-  }
-
   std::unique_ptr<DecodingMode> Create(const std::string& name, int k, float lambda = 0) {
     ModeOptions options;
     options.self_spec_draft_len = k;
@@ -272,11 +238,6 @@ class QuadraticBundledTest : public ::testing::Test {
     EXPECT_TRUE(mode.ok()) << mode.status();
     return mode.ok() ? std::move(*mode) : nullptr;
   }
-
-  std::unique_ptr<Transformer> model_;
-  int new_tokens_ = 0;
-  std::vector<std::vector<int32_t>> prompts_;
-  std::vector<std::vector<int32_t>> ar_;
 };
 
 // Records the extend size and tokens gained of every step.

@@ -17,20 +17,6 @@ namespace {
 
 using testing::TinyArch;
 
-// Next-token logits after `tokens`, from a cache of its own.
-std::vector<float> NextLogits(Transformer& model, std::span<const int32_t> tokens) {
-  KvCache kv(model.KvOptions(static_cast<int64_t>(tokens.size()) + 16, 16));
-  EXPECT_TRUE(kv.AddSequence(1).ok());
-  EXPECT_TRUE(kv.Reserve(1, static_cast<int>(tokens.size())));
-  std::vector<int32_t> positions(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) positions[i] = static_cast<int32_t>(i);
-  const std::vector<int32_t> outputs = {static_cast<int32_t>(tokens.size()) - 1};
-  Extend extend{.seq = 1, .tokens = tokens, .positions = positions, .outputs = outputs};
-  absl::StatusOr<std::vector<ExtendOutput>> out = model.Forward({&extend, 1}, kv);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? (*out)[0].logits : std::vector<float>();
-}
-
 TEST(SelfSpecSamplingTest, FirstTokensFollowTheArDistribution) {
   std::unique_ptr<Transformer> model = testing::TinyModel(TinyArch::kQwen2, 3);
   const int vocab = model->config().vocab_size;
@@ -39,7 +25,7 @@ TEST(SelfSpecSamplingTest, FirstTokensFollowTheArDistribution) {
 
   // Exact marginals of the first two tokens.
   std::vector<float> probs;
-  SamplingDistribution(NextLogits(*model, prompt), sampling, &probs);
+  SamplingDistribution(testing::NextLogits(*model, prompt), sampling, &probs);
   std::vector<double> first(probs.begin(), probs.end());
   std::vector<double> second(vocab, 0.0);
   for (int t = 0; t < vocab; ++t) {
@@ -47,7 +33,7 @@ TEST(SelfSpecSamplingTest, FirstTokensFollowTheArDistribution) {
     std::vector<int32_t> seq = prompt;
     seq.push_back(t);
     std::vector<float> next;
-    SamplingDistribution(NextLogits(*model, seq), sampling, &next);
+    SamplingDistribution(testing::NextLogits(*model, seq), sampling, &next);
     for (int u = 0; u < vocab; ++u) second[u] += first[t] * next[u];
   }
 

@@ -39,17 +39,8 @@ const std::vector<int32_t>& Prompt() {
 // The sampling distribution after `tokens`, from one forward over all of them.
 std::vector<float> NextDistribution(Transformer& model, std::span<const int32_t> tokens,
                                     const SamplingParams& sampling) {
-  KvCache kv(model.KvOptions(static_cast<int64_t>(tokens.size()) + 16));
-  EXPECT_TRUE(kv.AddSequence(1).ok());
-  EXPECT_TRUE(kv.Reserve(1, static_cast<int>(tokens.size())).has_value());
-  std::vector<int32_t> positions(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) positions[i] = static_cast<int32_t>(i);
-  const int32_t last = static_cast<int32_t>(tokens.size()) - 1;
-  Extend extend{.seq = 1, .tokens = tokens, .positions = positions, .outputs = {&last, 1}};
-  absl::StatusOr<std::vector<ExtendOutput>> out = model.Forward({&extend, 1}, kv);
-  EXPECT_TRUE(out.ok()) << out.status();
   std::vector<float> probs;
-  SamplingDistribution((*out)[0].logits, sampling, &probs);
+  SamplingDistribution(testing::NextLogits(model, tokens), sampling, &probs);
   return probs;
 }
 

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "worker/decoding/runner.h"
 #include "worker/model/transformer.h"
 
@@ -97,6 +98,21 @@ inline std::vector<std::vector<int32_t>> TestPrompts(int vocab, int count, uint6
     prompts.push_back(std::move(prompt));
   }
   return prompts;
+}
+
+// Next-token logits after `tokens` from one forward over all of them, in a cache of its own
+// (the reference the sampling tests enumerate exact distributions with).
+inline std::vector<float> NextLogits(Transformer& model, std::span<const int32_t> tokens) {
+  KvCache kv(model.KvOptions(static_cast<int64_t>(tokens.size()) + 16, 16));
+  EXPECT_TRUE(kv.AddSequence(1).ok());
+  EXPECT_TRUE(kv.Reserve(1, static_cast<int>(tokens.size())).has_value());
+  std::vector<int32_t> positions(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) positions[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> outputs = {static_cast<int32_t>(tokens.size()) - 1};
+  Extend extend{.seq = 1, .tokens = tokens, .positions = positions, .outputs = outputs};
+  absl::StatusOr<std::vector<ExtendOutput>> out = model.Forward({&extend, 1}, kv);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? (*out)[0].logits : std::vector<float>();
 }
 
 }  // namespace tandem::testing
