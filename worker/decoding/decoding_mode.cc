@@ -1,5 +1,9 @@
 #include "worker/decoding/decoding_mode.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
 
 void AppendPending(const DecodeState& state, StepPlan* plan) {
@@ -7,6 +11,27 @@ void AppendPending(const DecodeState& state, StepPlan* plan) {
     plan->tokens.push_back(state.tokens[i]);
     plan->positions.push_back(i);
   }
+}
+
+absl::Status CheckStep(const DecodeState& state, const StepPlan& plan, const StepResult& result,
+                       std::string_view mode) {
+  const int pending = state.pending();
+  for (int i = 0; i < pending; ++i) {
+    if (i >= static_cast<int>(plan.tokens.size()) ||
+        plan.tokens[i] != state.tokens[state.kv_len + i] ||
+        i >= static_cast<int>(result.keep.size()) || result.keep[i] != i) {
+      return absl::InternalError(absl::StrCat("mode ", std::string(mode),
+                                              " must plan and keep its ", pending,
+                                              " pending tokens first"));
+    }
+  }
+  const size_t kv_after = state.kv_len + result.keep.size();
+  if (kv_after > state.tokens.size() + result.append.size()) {
+    return absl::InternalError(absl::StrCat("mode ", std::string(mode), " kept KV of ", kv_after,
+                                            " tokens but the sequence has only ",
+                                            state.tokens.size() + result.append.size()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem

@@ -66,6 +66,12 @@ class DecodingMode {
 // The pending tokens as the head of an extend: positions kv_len.., causal.
 void AppendPending(const DecodeState& state, StepPlan* plan);
 
+// The step contract every driver of a mode checks after Consume: the plan starts with the
+// pending tokens and keeps them first, and the KV kept never outruns the sequence. Internal
+// (naming `mode`) when broken.
+absl::Status CheckStep(const DecodeState& state, const StepPlan& plan, const StepResult& result,
+                       std::string_view mode);
+
 // Row `i` of a [rows, vocab] logits buffer.
 inline std::span<const float> LogitsRow(const ExtendOutput& out, int i, int vocab) {
   return {out.logits.data() + static_cast<size_t>(i) * vocab, static_cast<size_t>(vocab)};

@@ -6,31 +6,6 @@
 
 namespace tandem {
 
-namespace {
-
-absl::Status CheckStep(const DecodeState& state, const StepPlan& plan, const StepResult& result,
-                       std::string_view mode) {
-  const int pending = state.pending();
-  for (int i = 0; i < pending; ++i) {
-    if (i >= static_cast<int>(plan.tokens.size()) ||
-        plan.tokens[i] != state.tokens[state.kv_len + i] ||
-        i >= static_cast<int>(result.keep.size()) || result.keep[i] != i) {
-      return absl::InternalError(absl::StrCat("mode ", std::string(mode),
-                                              " must plan and keep its ", pending,
-                                              " pending tokens first"));
-    }
-  }
-  const size_t kv_after = state.kv_len + result.keep.size();
-  if (kv_after > state.tokens.size() + result.append.size()) {
-    return absl::InternalError(absl::StrCat("mode ", std::string(mode), " kept KV of ", kv_after,
-                                            " tokens but the sequence has only ",
-                                            state.tokens.size() + result.append.size()));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<RunStats> RunSequence(Transformer& model, KvCache& kv, SeqId seq, DecodingMode& mode,
                                      std::span<const int32_t> prompt, const RunOptions& options) {
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");

@@ -1,0 +1,592 @@
+// The batching engine on the bundled target model: every mode's output through a mixed,
+// concurrent batch equals its single-sequence RunSequence output (with preemption, chunked
+// prefill and a remote-style drafter included), request endings (cancel, deadline, stop
+// strings and tokens, max_tokens, migration), input validation, admission limits, drain,
+// backlogged sinks and a dying drafter.
+#include "worker/engine/engine.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/worker/engine/test_draft_channel.h"
+#include "worker/decoding/runner.h"
+#include "worker/decoding/spec.h"
+
+namespace tandem {
+namespace {
+
+using testing::InProcessDraftChannel;
+
+const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
+constexpr int kNewTokens = 24;
+constexpr int kPrompts = 8;
+constexpr int kGamma = 3;
+constexpr char kDrafter[] = "in-process";
+
+// Collects one request's events; the test thread waits for the last one.
+class CollectingSink : public SequenceSink {
+ public:
+  void OnEvent(SequenceEvent event) override {
+    absl::MutexLock lock(&mu_);
+    ++events_;
+    if (!event.error.ok()) ++errors_;
+    tokens_.insert(tokens_.end(), event.tokens.begin(), event.tokens.end());
+    text_ += event.text;
+    if (done_) ++after_done_;
+    if (event.finish != FinishReason::kNone || !event.error.ok()) {
+      done_ = true;
+      finish_ = event.finish;
+      error_ = event.error;
+      usage_ = event.usage;
+      mode_ = event.mode;
+    }
+  }
+  bool Backlogged() const override {
+    absl::MutexLock lock(&mu_);
+    return backlogged_;
+  }
+
+  void SetBacklogged(bool b) {
+    absl::MutexLock lock(&mu_);
+    backlogged_ = b;
+  }
+  // Waits for the last event (at most 60 s); false on timeout.
+  bool Wait() {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(60));
+  }
+  bool WaitForTokens(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tokens_.size() >= n || done_; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(60));
+  }
+
+  std::vector<int32_t> tokens() const {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
+  std::string text() const {
+    absl::MutexLock lock(&mu_);
+    return text_;
+  }
+  FinishReason finish() const {
+    absl::MutexLock lock(&mu_);
+    return finish_;
+  }
+  absl::Status error() const {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+  SequenceUsage usage() const {
+    absl::MutexLock lock(&mu_);
+    return usage_;
+  }
+  int events() const {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  int errors() const {
+    absl::MutexLock lock(&mu_);
+    return errors_;
+  }
+  int after_done() const {
+    absl::MutexLock lock(&mu_);
+    return after_done_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool backlogged_ ABSL_GUARDED_BY(mu_) = false;
+  FinishReason finish_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  SequenceUsage usage_ ABSL_GUARDED_BY(mu_);
+  std::string mode_ ABSL_GUARDED_BY(mu_);
+  int events_ ABSL_GUARDED_BY(mu_) = 0;
+  int errors_ ABSL_GUARDED_BY(mu_) = 0;
+  int after_done_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct Job {
+  std::string mode;
+  int prompt = 0;
+  SamplingParams sampling;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(kModelDir + "/config.json")) return;
+    absl::StatusOr<LoadedModel> loaded = LoadModelDir(kModelDir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    model_ = new LoadedModel(std::move(*loaded));
+    std::ifstream in(kModelDir + "/fixtures/greedy.json");
+    const nlohmann::json greedy = nlohmann::json::parse(in);
+    prompts_ = new std::vector<std::vector<int32_t>>();
+    for (const nlohmann::json& c : greedy["cases"]) {
+      prompts_->push_back(c["prompt_ids"].get<std::vector<int32_t>>());
+      if (static_cast<int>(prompts_->size()) == kPrompts) break;
+    }
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete prompts_;
+    model_ = nullptr;
+    prompts_ = nullptr;
+  }
+
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << "no bundled model at " << kModelDir;
+  }
+
+  // Channels made by the factory, for inspection; failure applies to channels made later.
+  DraftChannelFactory Drafters() {
+    return [this](const std::string& address, DraftChannel::ChainCallback on_chain)
+               -> absl::StatusOr<std::unique_ptr<DraftChannel>> {
+      if (address != kDrafter) return absl::NotFoundError("no such drafter");
+      ++channels_made_;
+      return std::make_unique<InProcessDraftChannel>(&target(), 512, std::move(on_chain), failure_,
+                                                     chains_before_failure_);
+    };
+  }
+
+  std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
+    options.default_drafter = kDrafter;
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::Create(model_, std::move(options), Drafters());
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  }
+
+  static ModeOptions Options(const std::string& mode) {
+    ModeOptions o;
+    o.spec_gamma = kGamma;
+    if (mode == "jacobi") o.jacobi_block_size = 4;
+    return o;
+  }
+
+  SequenceRequest Request(const Job& job, int max_tokens = kNewTokens) {
+    SequenceRequest r;
+    r.prompt_ids = (*prompts_)[job.prompt];
+    r.mode = job.mode;
+    r.mode_options = Options(job.mode);
+    r.sampling = job.sampling;
+    r.max_tokens = max_tokens;
+    return r;
+  }
+
+  std::set<int32_t> StopTokens() const {
+    std::set<int32_t> stop(target().config().eos_token_ids.begin(),
+                           target().config().eos_token_ids.end());
+    for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
+      if (auto id = model_->tokenizer->TokenId(name)) stop.insert(*id);
+    }
+    return stop;
+  }
+
+  Transformer& target() const { return *model_->model; }
+
+  // The single-sequence reference: RunSequence with the same mode (spec drafting in-process with
+  // the target itself) and the engine's stop tokens.
+  std::vector<int32_t> Reference(const Job& job, int max_tokens = kNewTokens) {
+    const ModelConfig& config = target().config();
+    std::unique_ptr<DecodingMode> mode;
+    if (job.mode == "spec") {
+      mode = std::make_unique<SpecMode>(
+          kGamma, std::make_unique<InProcessArDrafter>(&target(), config.max_position_embeddings),
+          config.vocab_size, config.max_position_embeddings);
+    } else {
+      absl::StatusOr<std::unique_ptr<DecodingMode>> created =
+          CreateMode(job.mode, Options(job.mode), config, job.sampling);
+      EXPECT_TRUE(created.ok()) << created.status();
+      if (!created.ok()) return {};
+      mode = std::move(*created);
+    }
+    RunOptions run;
+    run.max_tokens = max_tokens;
+    run.sampling = job.sampling;
+    run.on_token = [stop = StopTokens()](int32_t t) { return stop.count(t) > 0; };
+    const std::vector<int32_t>& prompt = (*prompts_)[job.prompt];
+    KvCache kv(target().KvOptions(static_cast<int64_t>(prompt.size()) + max_tokens + 512));
+    absl::StatusOr<RunStats> r = RunSequence(target(), kv, 1, *mode, prompt, run);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->tokens : std::vector<int32_t>();
+  }
+
+  // Submits every job at once and checks each against its reference; returns the sinks.
+  std::vector<std::shared_ptr<CollectingSink>> ExpectMatchesReference(
+      Engine& engine, const std::vector<Job>& jobs) {
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (const Job& job : jobs) {
+      sinks.push_back(std::make_shared<CollectingSink>());
+      absl::StatusOr<uint64_t> id = engine.Submit(Request(job), sinks.back());
+      EXPECT_TRUE(id.ok()) << id.status();
+      if (!id.ok()) return sinks;
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      EXPECT_TRUE(sinks[i]->Wait());
+      const std::string label = jobs[i].mode + " prompt " + std::to_string(jobs[i].prompt);
+      EXPECT_TRUE(sinks[i]->error().ok()) << label << ": " << sinks[i]->error();
+      EXPECT_EQ(sinks[i]->errors(), 0) << label;
+      EXPECT_EQ(sinks[i]->after_done(), 0) << label;
+      EXPECT_EQ(sinks[i]->tokens(), Reference(jobs[i])) << label;
+      EXPECT_NE(sinks[i]->finish(), FinishReason::kCancelled) << label;
+      EXPECT_EQ(sinks[i]->usage().completion_tokens, static_cast<int>(sinks[i]->tokens().size()))
+          << label;
+      if (jobs[i].mode == "spec") {
+        EXPECT_GT(sinks[i]->usage().drafted, 0) << label;
+      }
+    }
+    return sinks;
+  }
+
+  std::vector<Job> Jobs(const std::vector<std::string>& modes, int prompts = kPrompts) {
+    std::vector<Job> jobs;
+    for (const std::string& mode : modes) {
+      for (int p = 0; p < prompts; ++p) jobs.push_back({.mode = mode, .prompt = p});
+    }
+    return jobs;
+  }
+
+  static LoadedModel* model_;
+  static std::vector<std::vector<int32_t>>* prompts_;
+  InProcessDraftChannel::Failure failure_ = InProcessDraftChannel::Failure::kNone;
+  int chains_before_failure_ = 0;
+  int channels_made_ = 0;
+};
+
+LoadedModel* EngineTest::model_ = nullptr;
+std::vector<std::vector<int32_t>>* EngineTest::prompts_ = nullptr;
+
+TEST_F(EngineTest, EveryModeInOneMixedBatchEqualsRunSequence) {
+  EngineOptions options;
+  options.draft_timeout = absl::Seconds(10);  // chains always arrive: spec really drafts
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  ExpectMatchesReference(*engine, Jobs(ImplementedModes()));
+  const EngineLoad load = engine->Load();
+  EXPECT_GT(load.steps, 0);
+  EXPECT_GT(load.step_seconds_ewma, 0);
+  EXPECT_GT(load.batch_tokens_ewma, 1);  // sequences really shared forwards
+  EXPECT_EQ(load.running, 0);
+  EXPECT_EQ(load.queued, 0);
+}
+
+TEST_F(EngineTest, PreemptionKeepsOutputsExact) {
+  EngineOptions options;
+  options.context = 128;  // 8 x (64 + 24) tokens against a cache of 128 + 256
+  options.kv_tokens = 128 + kEngineKvHeadroom;
+  options.draft_timeout = absl::Seconds(10);
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<Job> jobs = Jobs({"ar", "jacobi", "spec", "self_spec", "diffusion"}, 4);
+  const auto sinks = ExpectMatchesReference(*engine, jobs);
+  int64_t preemptions = 0;
+  std::set<std::string> preempted_modes;
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    preemptions += sinks[i]->usage().preemptions;
+    if (sinks[i]->usage().preemptions > 0) preempted_modes.insert(jobs[i].mode);
+  }
+  EXPECT_GT(preemptions, 0);
+  EXPECT_EQ(engine->Load().preemptions, preemptions);
+  // Modes that keep state across steps (blocks in flight, drafts) were preempted too.
+  EXPECT_TRUE(preempted_modes.count("jacobi") || preempted_modes.count("self_spec") ||
+              preempted_modes.count("diffusion"))
+      << preempted_modes.size();
+}
+
+TEST_F(EngineTest, ChunkedPrefillIsExact) {
+  EngineOptions options;
+  options.prefill_chunk = 7;
+  options.max_batch_tokens = 40;
+  options.draft_timeout = absl::Seconds(10);
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  ExpectMatchesReference(*engine, Jobs({"ar", "spec", "self_spec", "jacobi"}, 3));
+}
+
+TEST_F(EngineTest, SeededSamplingEqualsRunSequence) {
+  EngineOptions options;
+  options.draft_timeout = absl::Seconds(10);
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  std::vector<Job> jobs;
+  for (const char* mode : {"ar", "spec"}) {
+    for (int p = 0; p < 4; ++p) {
+      jobs.push_back({.mode = mode,
+                      .prompt = p,
+                      .sampling = {.temperature = 0.8f, .seed = static_cast<uint64_t>(11 + p)}});
+    }
+  }
+  ExpectMatchesReference(*engine, jobs);
+}
+
+TEST_F(EngineTest, DyingDrafterLeavesOutputsExactWithoutErrors) {
+  for (auto failure :
+       {InProcessDraftChannel::Failure::kError, InProcessDraftChannel::Failure::kSilent}) {
+    failure_ = failure;
+    chains_before_failure_ = 6;
+    EngineOptions options;
+    // Long enough that the chains before the failure arrive on a loaded machine; a silent
+    // drafter then costs this much per step.
+    options.draft_timeout = failure == InProcessDraftChannel::Failure::kError
+                                ? absl::Seconds(2)
+                                : absl::Milliseconds(300);
+    channels_made_ = 0;
+    auto engine = MakeEngine(options);
+    ASSERT_NE(engine, nullptr);
+    ExpectMatchesReference(*engine, Jobs({"spec"}, 4));
+    EXPECT_EQ(channels_made_, 1);
+    if (failure == InProcessDraftChannel::Failure::kError) {
+      // The broken channel is replaced for the next request.
+      failure_ = InProcessDraftChannel::Failure::kNone;
+      ExpectMatchesReference(*engine, Jobs({"spec"}, 1));
+      EXPECT_EQ(channels_made_, 2);
+    }
+  }
+}
+
+TEST_F(EngineTest, MaxTokensAndUsage) {
+  auto engine = MakeEngine({});
+  ASSERT_NE(engine, nullptr);
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Request({.mode = "ar", .prompt = 0}, 5), sink).ok());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_EQ(sink->finish(), FinishReason::kLength);
+  EXPECT_EQ(sink->tokens().size(), 5u);
+  const SequenceUsage usage = sink->usage();
+  EXPECT_EQ(usage.completion_tokens, 5);
+  EXPECT_EQ(usage.prompt_tokens, static_cast<int>((*prompts_)[0].size()));
+  EXPECT_EQ(usage.forwards, 5);
+  EXPECT_GE(usage.total_seconds, usage.ttft_seconds);
+  EXPECT_GE(usage.ttft_seconds, usage.queue_seconds);
+  EXPECT_FALSE(sink->text().empty());
+}
+
+TEST_F(EngineTest, StopTokenInsideAMultiTokenStep) {
+  const Job job{.mode = "spec", .prompt = 1};
+  const std::vector<int32_t> full = Reference(job);
+  ASSERT_GT(full.size(), 12u);
+  const int32_t stop = full[10];
+  const auto first = std::find(full.begin(), full.end(), stop);
+  const std::vector<int32_t> want(full.begin(), first + 1);
+  EngineOptions options;
+  options.draft_timeout = absl::Seconds(10);
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  auto sink = std::make_shared<CollectingSink>();
+  SequenceRequest request = Request(job);
+  request.stop_token_ids = {stop};
+  ASSERT_TRUE(engine->Submit(request, sink).ok());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_EQ(sink->finish(), FinishReason::kStop);
+  EXPECT_EQ(sink->tokens(), want);
+  EXPECT_GT(sink->usage().accepted, 0);
+}
+
+TEST_F(EngineTest, StopStringIsWithheld) {
+  auto engine = MakeEngine({});
+  ASSERT_NE(engine, nullptr);
+  auto plain = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Request({.mode = "ar", .prompt = 2}), plain).ok());
+  ASSERT_TRUE(plain->Wait());
+  const std::string text = plain->text();
+  ASSERT_GT(text.size(), 12u);
+  const std::string stop = text.substr(text.size() / 2, 3);
+  const std::string want = text.substr(0, text.find(stop));
+  auto sink = std::make_shared<CollectingSink>();
+  SequenceRequest request = Request({.mode = "ar", .prompt = 2});
+  request.stop_strings = {stop};
+  ASSERT_TRUE(engine->Submit(request, sink).ok());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_EQ(sink->finish(), FinishReason::kStop);
+  EXPECT_EQ(sink->text(), want);
+}
+
+TEST_F(EngineTest, MigratedTokensContinueTheOutput) {
+  auto engine = MakeEngine({});
+  ASSERT_NE(engine, nullptr);
+  for (const char* mode : {"ar", "jacobi"}) {
+    const Job job{.mode = mode, .prompt = 3};
+    const std::vector<int32_t> full = Reference(job);
+    ASSERT_EQ(full.size(), static_cast<size_t>(kNewTokens));
+    SequenceRequest request = Request(job);
+    request.committed.assign(full.begin(), full.begin() + 10);
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(engine->Submit(request, sink).ok());
+    ASSERT_TRUE(sink->Wait());
+    EXPECT_EQ(sink->tokens(), std::vector<int32_t>(full.begin() + 10, full.end())) << mode;
+    EXPECT_EQ(sink->finish(), FinishReason::kLength);
+    EXPECT_EQ(sink->usage().completion_tokens, kNewTokens - 10);
+  }
+}
+
+TEST_F(EngineTest, CancelEndsASequenceMidGeneration) {
+  auto engine = MakeEngine({});
+  ASSERT_NE(engine, nullptr);
+  auto sink = std::make_shared<CollectingSink>();
+  absl::StatusOr<uint64_t> id = engine->Submit(Request({.mode = "ar", .prompt = 0}, 400), sink);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(sink->WaitForTokens(3));
+  engine->Cancel(*id);
+  engine->Cancel(*id + 1000);  // unknown: ignored
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_EQ(sink->finish(), FinishReason::kCancelled);
+  EXPECT_TRUE(sink->error().ok());
+  EXPECT_LT(sink->tokens().size(), 400u);
+  EXPECT_EQ(sink->after_done(), 0);
+}
+
+TEST_F(EngineTest, DeadlineCancelsWithDeadlineExceeded) {
+  auto engine = MakeEngine({});
+  ASSERT_NE(engine, nullptr);
+  auto sink = std::make_shared<CollectingSink>();
+  SequenceRequest request = Request({.mode = "ar", .prompt = 0}, 400);
+  request.deadline = absl::Now() + absl::Milliseconds(30);
+  ASSERT_TRUE(engine->Submit(request, sink).ok());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_EQ(sink->finish(), FinishReason::kCancelled);
+  EXPECT_EQ(sink->error().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(sink->tokens().size(), 400u);
+}
+
+TEST_F(EngineTest, RejectsBadInput) {
+  auto engine = MakeEngine({});
+  ASSERT_NE(engine, nullptr);
+  auto sink = std::make_shared<CollectingSink>();
+  const SequenceRequest good = Request({.mode = "ar", .prompt = 0});
+  auto expect_invalid = [&](SequenceRequest r, const std::string& what) {
+    absl::StatusOr<uint64_t> id = engine->Submit(std::move(r), sink);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << what;
+  };
+  SequenceRequest r = good;
+  r.prompt_ids.clear();
+  expect_invalid(r, "no input");
+  r = good;
+  r.prompt = "hello";
+  expect_invalid(r, "two inputs");
+  r = good;
+  r.mode = "telepathy";
+  expect_invalid(r, "unknown mode");
+  r = good;
+  r.max_tokens = 0;
+  expect_invalid(r, "max_tokens 0");
+  r = good;
+  r.prompt_ids.assign(target().config().max_position_embeddings, 5);
+  expect_invalid(r, "prompt fills the context");
+  r = good;
+  r.prompt_ids[3] = target().config().vocab_size;
+  expect_invalid(r, "token outside the vocabulary");
+  r = good;
+  r.mode = "jacobi";
+  r.sampling.temperature = 0.8f;
+  expect_invalid(r, "jacobi cannot sample");
+  r = good;
+  r.committed.assign(kNewTokens, 5);
+  expect_invalid(r, "committed reach max_tokens");
+  EXPECT_EQ(sink->events(), 0);
+
+  // spec without a drafter.
+  absl::StatusOr<std::unique_ptr<Engine>> bare = Engine::Create(model_, {}, nullptr);
+  ASSERT_TRUE(bare.ok());
+  r = good;
+  r.mode = "spec";
+  absl::StatusOr<uint64_t> id = (*bare)->Submit(r, sink);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("mode spec needs a drafter"), std::string::npos);
+
+  // Options that cannot work.
+  EngineOptions small;
+  small.kv_tokens = target().config().max_position_embeddings;
+  EXPECT_EQ(Engine::Create(model_, small, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EngineOptions unknown;
+  unknown.default_mode = "telepathy";
+  EXPECT_EQ(Engine::Create(model_, unknown, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineTest, FullQueueIsResourceExhaustedAndBackloggedSinksWait) {
+  EngineOptions options;
+  options.max_running = 1;
+  options.max_queued = 2;
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  auto first = std::make_shared<CollectingSink>();
+  first->SetBacklogged(true);
+  ASSERT_TRUE(engine->Submit(Request({.mode = "ar", .prompt = 0}), first).ok());
+  for (int i = 0; i < 500 && engine->Load().running == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(engine->Load().running, 1);
+  std::vector<std::shared_ptr<CollectingSink>> queued;
+  for (int i = 0; i < 2; ++i) {
+    queued.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(engine->Submit(Request({.mode = "ar", .prompt = 1 + i}), queued.back()).ok());
+  }
+  auto rejected = std::make_shared<CollectingSink>();
+  EXPECT_EQ(engine->Submit(Request({.mode = "ar", .prompt = 3}), rejected).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(first->events(), 0);  // backlogged: never stepped
+  EXPECT_EQ(engine->Load().steps, 0);
+  EXPECT_EQ(engine->Load().queued, 2);
+  first->SetBacklogged(false);
+  ASSERT_TRUE(first->Wait());
+  EXPECT_EQ(first->tokens(), Reference({.mode = "ar", .prompt = 0}));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(queued[i]->Wait());
+    EXPECT_EQ(queued[i]->tokens(), Reference({.mode = "ar", .prompt = 1 + i}));
+  }
+  EXPECT_EQ(rejected->events(), 0);
+}
+
+TEST_F(EngineTest, DrainRefusesNewRequestsAndFinishesRunningOnes) {
+  auto engine = MakeEngine({});
+  ASSERT_NE(engine, nullptr);
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Request({.mode = "ar", .prompt = 4}), sink).ok());
+  engine->Drain();
+  EXPECT_TRUE(engine->Load().draining);
+  auto late = std::make_shared<CollectingSink>();
+  EXPECT_EQ(engine->Submit(Request({.mode = "ar", .prompt = 5}), late).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_EQ(sink->finish(), FinishReason::kLength);
+  EXPECT_EQ(sink->tokens(), Reference({.mode = "ar", .prompt = 4}));
+}
+
+TEST_F(EngineTest, DestructorCancelsEverySequence) {
+  EngineOptions options;
+  options.max_running = 2;
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int p = 0; p < 4; ++p) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(
+        engine->Submit(Request({.mode = p % 2 ? "spec" : "ar", .prompt = p}, 400), sinks.back())
+            .ok());
+  }
+  ASSERT_TRUE(sinks[0]->WaitForTokens(2));
+  engine.reset();
+  for (const auto& sink : sinks) {
+    ASSERT_TRUE(sink->Wait());
+    EXPECT_EQ(sink->finish(), FinishReason::kCancelled);
+    EXPECT_EQ(sink->after_done(), 0);
+  }
+}
+
+}  // namespace
+}  // namespace tandem

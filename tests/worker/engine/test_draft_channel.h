@@ -1,0 +1,158 @@
+// An in-process DraftChannel for engine tests: greedy AR drafting with InProcessArDrafter (one
+// per session, on a model of the test's choice) on a thread of its own, so chains reach the
+// engine asynchronously like a remote drafter's. It can be told to fail after some chains:
+// by erroring every session, or by falling silent.
+//
+// Thread-safe: the engine calls Open/Advance/Close from its thread while the drafting thread
+// answers.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/decoding/drafter.h"
+#include "worker/engine/draft_channel.h"
+
+namespace tandem::testing {
+
+class InProcessDraftChannel : public DraftChannel {
+ public:
+  enum class Failure { kNone, kError, kSilent };
+
+  InProcessDraftChannel(Transformer* model, int capacity, ChainCallback on_chain,
+                        Failure failure = Failure::kNone, int chains_before_failure = 0)
+      : model_(model),
+        capacity_(capacity),
+        on_chain_(std::move(on_chain)),
+        failure_(failure),
+        chains_left_(chains_before_failure) {
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  ~InProcessDraftChannel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma) override {
+    absl::MutexLock lock(&mu_);
+    if (broken_) return absl::UnavailableError("test drafter is down");
+    Session& s = sessions_[session];
+    s.tokens.assign(tokens.begin(), tokens.end());
+    s.gamma = gamma;
+    s.drafter = std::make_shared<InProcessArDrafter>(model_, capacity_);
+    dirty_.insert(session);
+    return absl::OkStatus();
+  }
+
+  absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append,
+                       int gamma) override {
+    absl::MutexLock lock(&mu_);
+    if (broken_) return absl::UnavailableError("test drafter is down");
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return absl::OkStatus();
+    it->second.tokens.resize(offset);
+    it->second.tokens.insert(it->second.tokens.end(), append.begin(), append.end());
+    it->second.gamma = gamma;
+    dirty_.insert(session);
+    return absl::OkStatus();
+  }
+
+  void Close(uint64_t session) override {
+    absl::MutexLock lock(&mu_);
+    sessions_.erase(session);
+    dirty_.erase(session);
+  }
+
+  bool healthy() const override {
+    absl::MutexLock lock(&mu_);
+    return !broken_;
+  }
+
+  int chains_sent() const {
+    absl::MutexLock lock(&mu_);
+    return chains_sent_;
+  }
+
+ private:
+  struct Session {
+    std::vector<int32_t> tokens;
+    int gamma = 0;
+    std::shared_ptr<InProcessArDrafter> drafter;
+  };
+
+  void Run() {
+    while (true) {
+      uint64_t session = 0;
+      std::vector<int32_t> tokens;
+      int gamma = 0;
+      std::shared_ptr<InProcessArDrafter> drafter;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !dirty_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;
+        session = *dirty_.begin();
+        dirty_.erase(dirty_.begin());
+        const Session& s = sessions_.at(session);
+        tokens = s.tokens;
+        gamma = s.gamma;
+        drafter = s.drafter;
+      }
+      DraftChain chain{.session = session, .from = static_cast<int>(tokens.size())};
+      absl::StatusOr<std::vector<int32_t>> drafts = drafter->Draft(tokens, gamma);
+      if (drafts.ok()) {
+        chain.tokens = std::move(*drafts);
+      } else {
+        chain.error = drafts.status();
+      }
+      std::vector<DraftChain> send;
+      {
+        absl::MutexLock lock(&mu_);
+        if (failure_ != Failure::kNone && chains_left_ <= 0) {
+          if (failure_ == Failure::kError && !broken_) {
+            broken_ = true;
+            for (const auto& [id, s] : sessions_) {
+              send.push_back(
+                  DraftChain{.session = id, .error = absl::UnavailableError("test drafter died")});
+            }
+          }
+          // Silent (or already broken): nothing more is sent.
+        } else {
+          --chains_left_;
+          ++chains_sent_;
+          send.push_back(std::move(chain));
+        }
+      }
+      for (DraftChain& c : send) on_chain_(std::move(c));
+    }
+  }
+
+  Transformer* model_;
+  int capacity_;
+  ChainCallback on_chain_;
+  const Failure failure_;
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> dirty_ ABSL_GUARDED_BY(mu_);  // sessions whose tokens changed
+  int chains_left_ ABSL_GUARDED_BY(mu_);
+  int chains_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace tandem::testing

@@ -1,0 +1,51 @@
+// The verifier's side of remote drafting: the draft chain a drafter streamed for one sequence,
+// and a Drafter that serves SpecMode from it. The engine thread writes the buffer (chains
+// arrive through its mailbox) and the mode reads it while planning on the same thread.
+//
+// Not thread-safe: owned by the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/decoding/drafter.h"
+#include "worker/engine/draft_channel.h"
+
+namespace tandem {
+
+// The latest draft chain of one sequence: tokens for sequence indices [from, from + size).
+struct DraftChainBuffer {
+  int from = 0;
+  std::vector<int32_t> tokens;
+  // Off after a chain with an error or a broken channel: the sequence decodes by AR steps.
+  bool enabled = true;
+  absl::Status error;
+
+  // A chain starting where this one ends extends it, unless this one already disagrees with
+  // `sequence` (the sequence's tokens now): a drafter that drafted from a rejected draft's
+  // position starts where the old chain ends, but means a new chain. Any other chain replaces
+  // it. An error turns drafting off.
+  void Merge(DraftChain chain, std::span<const int32_t> sequence);
+  // Draft tokens usable after `tokens`: the chain must agree with `tokens` on
+  // [from, tokens.size()); then the chain's tokens past tokens.size() are drafts.
+  std::span<const int32_t> Usable(std::span<const int32_t> tokens) const;
+};
+
+// Serves SpecMode from a DraftChainBuffer that outlives it. An error when the chain holds no
+// usable draft (SpecMode then takes an AR step).
+class ChainDrafter : public Drafter {
+ public:
+  explicit ChainDrafter(const DraftChainBuffer* buffer) : buffer_(buffer) {}
+
+  absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t> tokens, int gamma) override;
+  const DrafterStats& stats() const override { return stats_; }
+
+ private:
+  const DraftChainBuffer* buffer_;
+  DrafterStats stats_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,503 @@
+#include "worker/engine/draft_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/sampling/sampling.h"
+
+namespace tandem {
+
+struct DraftEngine::Message {
+  enum class Kind { kAddStream, kRemoveStream, kOpen, kAdvance, kClose, kReject };
+  Kind kind = Kind::kOpen;
+  uint64_t stream = 0;
+  uint64_t session = 0;
+  int offset = 0;
+  int gamma = 0;
+  std::vector<int32_t> tokens;  // kOpen: the sequence; kAdvance: the appended tokens
+  ChainSink sink;               // kAddStream
+  absl::Status error;           // kReject
+};
+
+struct DraftEngine::Session {
+  uint64_t stream = 0;
+  uint64_t id = 0;
+  int gamma = 1;
+  // The final tokens [0, final_len) followed by the draft chain [final_len, size).
+  std::vector<int32_t> tokens;
+  int final_len = 0;
+  bool resident = false;   // has a KV sequence
+  SeqId seq = 0;           // while resident
+  int cached = 0;          // tokens[0, cached) have committed KV (0 when not resident)
+  int evicted_cached = 0;  // what `cached` was at the last eviction (recompute accounting)
+  // End of the last chain published since the last Open/Advance; -1 when none was (the next
+  // chain then starts at final_len).
+  int sent_end = -1;
+  int client_end = -1;      // end of the chain the verifier holds (-1: none)
+  int64_t last_served = 0;  // step of the last forward it took part in
+  bool in_batch = false;    // during Step only
+
+  int chain_len() const { return static_cast<int>(tokens.size()) - final_len; }
+};
+
+// Everything the engine thread owns. Touched only by that thread.
+class DraftEngine::Loop {
+ public:
+  Loop(Transformer* model, const DraftEngineOptions& options,
+       Published<DraftEngineStats>* published)
+      : model_(model),
+        published_(published),
+        options_(options),
+        kv_(model->KvOptions(options.kv_tokens, options.kv_block_size)),
+        vocab_(model->config().vocab_size) {
+    const int context = model->config().max_position_embeddings;
+    max_len_ = static_cast<int>(std::min<int64_t>(
+        options.kv_tokens, context > 0 ? context : std::numeric_limits<int>::max()));
+  }
+
+  void Handle(Message m) {
+    switch (m.kind) {
+      case Message::Kind::kAddStream:
+        sinks_[m.stream] = std::move(m.sink);
+        break;
+      case Message::Kind::kRemoveStream:
+        RemoveStream(m.stream);
+        break;
+      case Message::Kind::kOpen:
+        Open(m.stream, m.session, std::move(m.tokens), m.gamma);
+        break;
+      case Message::Kind::kAdvance:
+        Advance(m.stream, m.session, m.offset, m.tokens, m.gamma);
+        break;
+      case Message::Kind::kClose:
+        Erase(m.stream, m.session);
+        break;
+      case Message::Kind::kReject: {
+        auto it = sessions_.find({m.stream, m.session});
+        Fail(m.stream, m.session, it == sessions_.end() ? 0 : it->second.final_len,
+             std::move(m.error));
+        break;
+      }
+    }
+  }
+
+  bool HasWork() const {
+    for (const auto& [key, s] : sessions_) {
+      if (NeedsWork(s)) return true;
+    }
+    return false;
+  }
+
+  void Step();
+
+  DraftEngineStats Stats() const {
+    DraftEngineStats s = stats_;
+    s.sessions = static_cast<int>(sessions_.size());
+    s.streams = static_cast<int>(sinks_.size());
+    s.kv_usage_ratio = kv_.UsageRatio();
+    s.kv_free_tokens = kv_.FreeTokenCapacity();
+    return s;
+  }
+
+ private:
+  using Key = std::pair<uint64_t, uint64_t>;  // (stream, session)
+
+  bool CanExtend(const Session& s) const { return static_cast<int>(s.tokens.size()) < max_len_; }
+  bool NeedsWork(const Session& s) const { return CanExtend(s) && s.chain_len() < 2 * s.gamma + 1; }
+
+  void Send(uint64_t stream, DraftChain chain) {
+    auto it = sinks_.find(stream);
+    if (it == sinks_.end()) return;
+    ++stats_.chains;
+    // Whoever sees the chain sees counters that include it.
+    published_->Publish(Stats());
+    it->second(std::move(chain));
+  }
+
+  // Publishes what the verifier has not seen of the session's chain, once there is enough.
+  void MaybeEmit(Session& s) {
+    const int size = static_cast<int>(s.tokens.size());
+    int from = 0;
+    if (s.sent_end < 0) {
+      // A short chain goes out only when it cannot grow (the context ends), so the verifier
+      // stops waiting for it.
+      if (s.chain_len() < s.gamma && CanExtend(s)) return;
+      // Starting at the verifier's chain end would read as an extension of a chain that may
+      // disagree with the final tokens; one final token in front makes it a replacement.
+      from = s.final_len == s.client_end ? s.final_len - 1 : s.final_len;
+    } else {
+      if (size <= s.sent_end) return;
+      from = s.sent_end;
+    }
+    DraftChain chain{.session = s.id,
+                     .from = from,
+                     .tokens = std::vector<int32_t>(s.tokens.begin() + from, s.tokens.end())};
+    s.sent_end = size;
+    s.client_end = size;
+    Send(s.stream, std::move(chain));
+  }
+
+  // Ends the session with an error chain (it need not exist).
+  void Fail(uint64_t stream, uint64_t session, int from, absl::Status error) {
+    Erase(stream, session);
+    Send(stream, DraftChain{.session = session, .from = from, .error = std::move(error)});
+  }
+
+  void Erase(uint64_t stream, uint64_t session) {
+    auto it = sessions_.find({stream, session});
+    if (it == sessions_.end()) return;
+    if (it->second.resident) kv_.RemoveSequence(it->second.seq);
+    sessions_.erase(it);
+  }
+
+  void RemoveStream(uint64_t stream) {
+    auto it = sessions_.lower_bound({stream, 0});
+    while (it != sessions_.end() && it->first.first == stream) {
+      if (it->second.resident) kv_.RemoveSequence(it->second.seq);
+      it = sessions_.erase(it);
+    }
+    sinks_.erase(stream);
+  }
+
+  absl::Status CheckVocabulary(std::span<const int32_t> tokens) const {
+    for (int32_t t : tokens) {
+      if (t < 0 || t >= vocab_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", t, " is outside the drafter's vocabulary of ", vocab_,
+                         " (do the verifier and the drafter share a tokenizer?)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void Open(uint64_t stream, uint64_t id, std::vector<int32_t> tokens, int gamma) {
+    if (!sinks_.contains(stream)) return;  // the stream is gone
+    if (sessions_.contains({stream, id})) {
+      Fail(stream, id, 0,
+           absl::InvalidArgumentError(
+               absl::StrCat("session ", id, " was opened twice on one stream; both are ended")));
+      return;
+    }
+    if (tokens.empty()) {
+      Fail(stream, id, 0,
+           absl::InvalidArgumentError(absl::StrCat("open of session ", id, " has no tokens")));
+      return;
+    }
+    if (gamma < 1) {
+      Fail(stream, id, 0,
+           absl::InvalidArgumentError(
+               absl::StrCat("open of session ", id, " asks for gamma ", gamma, "; must be >= 1")));
+      return;
+    }
+    if (absl::Status s = CheckVocabulary(tokens); !s.ok()) {
+      Fail(stream, id, 0, s);
+      return;
+    }
+    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+      Fail(stream, id, 0,
+           absl::ResourceExhaustedError(absl::StrCat(
+               "the drafter already has ", sessions_.size(),
+               " sessions open (--max-sessions); decode session ", id, " without drafts")));
+      return;
+    }
+    Session& s = sessions_[{stream, id}];
+    s.stream = stream;
+    s.id = id;
+    s.gamma = gamma;
+    s.tokens = std::move(tokens);
+    s.final_len = static_cast<int>(s.tokens.size());
+    ++stats_.sessions_opened;
+    MaybeEmit(s);
+  }
+
+  void Advance(uint64_t stream, uint64_t id, int offset, std::span<const int32_t> append,
+               int gamma) {
+    if (!sinks_.contains(stream)) return;
+    auto it = sessions_.find({stream, id});
+    if (it == sessions_.end()) {
+      Fail(stream, id, offset,
+           absl::NotFoundError(absl::StrCat("advance for session ", id,
+                                            ", which is not open on this stream (never opened, "
+                                            "closed or ended by an earlier error)")));
+      return;
+    }
+    Session& s = it->second;
+    if (offset != s.final_len) {
+      Fail(stream, id, offset,
+           absl::InvalidArgumentError(absl::StrCat(
+               "advance for session ", id, " says it has ", offset, " tokens but the drafter has ",
+               s.final_len, "; the session is ended (reopen it with the whole sequence)")));
+      return;
+    }
+    if (gamma < 0) {
+      Fail(stream, id, offset,
+           absl::InvalidArgumentError(absl::StrCat("advance for session ", id, " asks for gamma ",
+                                                   gamma, "; must be >= 1 (or 0: unchanged)")));
+      return;
+    }
+    if (absl::Status st = CheckVocabulary(append); !st.ok()) {
+      Fail(stream, id, offset, st);
+      return;
+    }
+    if (gamma > 0) s.gamma = gamma;
+    const int n = static_cast<int>(append.size());
+    int agree = 0;
+    while (agree < n && agree < s.chain_len() && s.tokens[s.final_len + agree] == append[agree]) {
+      ++agree;
+    }
+    const int old_final = s.final_len;
+    const int keep = old_final + agree;  // tokens that stay as they are
+    if (agree < n) {
+      s.tokens.resize(keep);
+      s.tokens.insert(s.tokens.end(), append.begin() + agree, append.end());
+      if (s.cached > keep) {
+        // Cannot fail: the sequence exists and keep < its committed length.
+        (void)kv_.Truncate(s.seq, keep);
+        s.cached = keep;
+      }
+      s.evicted_cached = std::min(s.evicted_cached, keep);
+    }
+    s.final_len = old_final + n;
+    stats_.reused_tokens += std::max(0, std::min(s.cached, s.final_len) - old_final);
+    s.sent_end = -1;
+    MaybeEmit(s);
+  }
+
+  // Drops the KV of the least useful resident session outside the batch: first those whose
+  // chain is already long enough, then the least recently served. False when there is none.
+  bool EvictOne() {
+    Session* victim = nullptr;
+    for (auto& [key, s] : sessions_) {
+      if (!s.resident || s.in_batch) continue;
+      if (victim == nullptr || std::make_pair(NeedsWork(s), s.last_served) <
+                                   std::make_pair(NeedsWork(*victim), victim->last_served)) {
+        victim = &s;
+      }
+    }
+    if (victim == nullptr) return false;
+    kv_.RemoveSequence(victim->seq);
+    victim->resident = false;
+    victim->evicted_cached = std::max(victim->evicted_cached, victim->cached);
+    victim->cached = 0;
+    ++stats_.evictions;
+    return true;
+  }
+
+  Transformer* model_;
+  Published<DraftEngineStats>* published_;
+  DraftEngineOptions options_;
+  KvCache kv_;
+  int vocab_;
+  int max_len_;  // a session extends while it holds fewer tokens
+  SeqId next_seq_ = 1;
+  int64_t step_ = 0;
+  std::map<uint64_t, ChainSink> sinks_;
+  std::map<Key, Session> sessions_;  // ordered: a stream's sessions are one range
+  DraftEngineStats stats_;
+};
+
+void DraftEngine::Loop::Step() {
+  std::vector<Session*> candidates;
+  for (auto& [key, s] : sessions_) {
+    if (NeedsWork(s)) candidates.push_back(&s);
+  }
+  if (candidates.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
+  ++step_;
+  // Sessions whose verifier has no chain for its current tokens yet go first, then the least
+  // recently served.
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Session* a, const Session* b) {
+    return std::make_pair(a->sent_end >= 0, a->last_served) <
+           std::make_pair(b->sent_end >= 0, b->last_served);
+  });
+
+  struct Planned {
+    Session* s;
+    int n;  // tokens fed
+    std::vector<int32_t> positions;
+    int32_t output;  // index of the last fed token
+  };
+  std::vector<Planned> planned;
+  int budget = options_.max_batch_tokens;
+  for (Session* s : candidates) {
+    if (budget <= 0) break;
+    if (!s->resident) {
+      s->seq = next_seq_++;
+      (void)kv_.AddSequence(s->seq);  // ids are fresh
+      s->resident = true;
+      s->cached = 0;
+    }
+    const int size = static_cast<int>(s->tokens.size());
+    if (s->cached >= size) {
+      // The logits after the last token come from feeding it: give it back.
+      (void)kv_.Truncate(s->seq, size - 1);
+      s->cached = size - 1;
+    }
+    const int n = std::min(size - s->cached, budget);
+    bool room = kv_.Reserve(s->seq, n).has_value();
+    s->in_batch = true;  // not a victim for its own room
+    while (!room && EvictOne()) room = kv_.Reserve(s->seq, n).has_value();
+    if (!room) {
+      // Everyone else in this batch holds the rest; it goes first next step.
+      s->in_batch = false;
+      continue;
+    }
+    Planned p{.s = s, .n = n, .positions = std::vector<int32_t>(n), .output = n - 1};
+    for (int i = 0; i < n; ++i) p.positions[i] = s->cached + i;
+    planned.push_back(std::move(p));
+    budget -= n;
+  }
+  if (planned.empty()) {
+    for (Session* s : candidates) s->in_batch = false;
+    return;
+  }
+
+  std::vector<Extend> extends;
+  extends.reserve(planned.size());
+  int batch_tokens = 0;
+  for (const Planned& p : planned) {
+    extends.push_back(
+        Extend{.seq = p.s->seq,
+               .tokens = std::span<const int32_t>(p.s->tokens).subspan(p.s->cached, p.n),
+               .positions = p.positions,
+               .visible = Visibility::Causal(),
+               .outputs = {&p.output, 1}});
+    batch_tokens += p.n;
+  }
+  absl::StatusOr<std::vector<ExtendOutput>> out = model_->Forward(extends, kv_);
+  ++stats_.forwards;
+  if (!out.ok()) {
+    // Forward validates its input: this is a bug here, but only these sessions suffer.
+    for (const Planned& p : planned) {
+      Fail(p.s->stream, p.s->id, p.s->final_len,
+           absl::InternalError(absl::StrCat("drafter forward failed: ", out.status().message())));
+    }
+    for (auto& [key, s] : sessions_) s.in_batch = false;
+    return;
+  }
+  std::vector<int32_t> keep;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    Planned& p = planned[i];
+    Session& s = *p.s;
+    s.in_batch = false;
+    s.last_served = step_;
+    keep.resize(p.n);
+    for (int j = 0; j < p.n; ++j) keep[j] = j;
+    // Cannot fail: the indices are the reserved ones, in order.
+    (void)kv_.Commit(s.seq, keep);
+    stats_.fed_tokens += p.n;
+    stats_.recomputed_tokens += std::max(0, std::min(s.cached + p.n, s.evicted_cached) - s.cached);
+    s.cached += p.n;
+    if (s.cached == static_cast<int>(s.tokens.size())) {
+      s.tokens.push_back(Argmax((*out)[i].logits));
+      ++stats_.drafted_tokens;
+    }
+  }
+  for (Session* s : candidates) s->in_batch = false;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  constexpr double kAlpha = 0.1;
+  stats_.step_seconds_ewma =
+      stats_.forwards == 1 ? seconds : (1 - kAlpha) * stats_.step_seconds_ewma + kAlpha * seconds;
+  stats_.batch_tokens_ewma = stats_.forwards == 1
+                                 ? batch_tokens
+                                 : (1 - kAlpha) * stats_.batch_tokens_ewma + kAlpha * batch_tokens;
+  for (const Planned& p : planned) MaybeEmit(*p.s);
+}
+
+absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(Transformer* model,
+                                                                 DraftEngineOptions options) {
+  if (model == nullptr) return absl::InvalidArgumentError("the drafter engine needs a model");
+  const int context = model->config().max_position_embeddings;
+  if (options.kv_block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV block size must be >= 1, got ", options.kv_block_size));
+  }
+  if (options.kv_tokens < std::max(context, 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the drafter's KV cache (", options.kv_tokens,
+        " tokens) must hold at least one full-context session (", context, " tokens)"));
+  }
+  if (options.max_sessions < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max sessions must be >= 1, got ", options.max_sessions));
+  }
+  if (options.max_batch_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max batch tokens must be >= 1, got ", options.max_batch_tokens));
+  }
+  return std::unique_ptr<DraftEngine>(new DraftEngine(model, options));
+}
+
+DraftEngine::DraftEngine(Transformer* model, DraftEngineOptions options)
+    : model_(model),
+      options_(options),
+      mailbox_(std::make_unique<ActorMailbox<Message>>()),
+      loop_(std::make_unique<Loop>(model, options, &stats_)) {
+  thread_ = std::thread([this] {
+    std::vector<Message> messages;
+    while (true) {
+      messages.clear();
+      if (!mailbox_->Drain(&messages, /*wait=*/!loop_->HasWork())) break;
+      for (Message& m : messages) loop_->Handle(std::move(m));
+      loop_->Step();
+      stats_.Publish(loop_->Stats());
+    }
+  });
+}
+
+DraftEngine::~DraftEngine() {
+  mailbox_->Close();
+  thread_.join();
+}
+
+void DraftEngine::Post(Message message) { mailbox_->Post(std::move(message)); }
+
+uint64_t DraftEngine::AddStream(ChainSink sink) {
+  const uint64_t id = next_stream_.fetch_add(1);
+  Post(Message{.kind = Message::Kind::kAddStream, .stream = id, .sink = std::move(sink)});
+  return id;
+}
+
+void DraftEngine::RemoveStream(uint64_t stream) {
+  Post(Message{.kind = Message::Kind::kRemoveStream, .stream = stream});
+}
+
+void DraftEngine::Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma) {
+  Post(Message{.kind = Message::Kind::kOpen,
+               .stream = stream,
+               .session = session,
+               .gamma = gamma,
+               .tokens = std::move(tokens)});
+}
+
+void DraftEngine::Advance(uint64_t stream, uint64_t session, int offset,
+                          std::vector<int32_t> append, int gamma) {
+  Post(Message{.kind = Message::Kind::kAdvance,
+               .stream = stream,
+               .session = session,
+               .offset = offset,
+               .gamma = gamma,
+               .tokens = std::move(append)});
+}
+
+void DraftEngine::Close(uint64_t stream, uint64_t session) {
+  Post(Message{.kind = Message::Kind::kClose, .stream = stream, .session = session});
+}
+
+void DraftEngine::Reject(uint64_t stream, uint64_t session, absl::Status error) {
+  Post(Message{.kind = Message::Kind::kReject,
+               .stream = stream,
+               .session = session,
+               .error = std::move(error)});
+}
+
+DraftEngineStats DraftEngine::Stats() const { return stats_.Get(); }
+
+}  // namespace tandem

@@ -1,0 +1,125 @@
+// The drafter's worker actor: alone owns an AR draft model, its KV cache and the drafting
+// sessions of every connected verifier stream (see proto/tandem/v1/drafter.proto).
+//
+// A session keeps its final tokens and a greedy draft chain ahead of them. One thread runs the
+// loop: drain the mailbox (streams and sessions opening, advancing, closing) -> pick the
+// sessions whose chain is shorter than the lookahead (2 * gamma + 1 tokens past the final ones:
+// a fully accepted step commits gamma drafts and a bonus token, and the next step wants gamma
+// more) -> one batched Forward over all of them (each session's extend is its tokens whose KV is
+// not cached yet, causal, logits of the last) -> append each greedy token -> publish chains.
+//
+// Chains: after an Open or an Advance the session's next chain starts at its final length (one
+// final token earlier when the final length equals the end of the chain the verifier holds, so
+// that it reads as a replacement, not an extension) and goes out as soon as it holds gamma
+// tokens past the final ones (at once when the chain drafted ahead agrees with the appended
+// tokens), or when the context ends first; then each newly drafted token extends it. Appended
+// tokens that agree with the chain just make it final (their KV is reused); at the first
+// disagreement the KV is truncated to the agreeing prefix and drafting restarts there.
+//
+// Batching: sessions whose verifier waits for a chain go first, then the least recently
+// served, within a token budget per forward (long prefills are fed in chunks).
+//
+// KV: a session that needs room takes it from sessions outside the batch (those whose chain is
+// complete first, then the least recently served); an evicted session recomputes its KV when
+// it next drafts. A session never fails for lack of
+// KV; one that reaches the model's context stops extending (its last chain stays short).
+//
+// Thread-safety: every public method may be called from any thread; they only post messages.
+// Chains are delivered on the engine thread through each stream's sink.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/actor_mailbox.h"
+#include "worker/engine/draft_channel.h"
+#include "worker/model/transformer.h"
+
+namespace tandem {
+
+struct DraftEngineOptions {
+  int64_t kv_tokens = 32768;  // KV cache capacity in tokens (all sessions together)
+  int kv_block_size = 16;
+  int max_sessions = 256;       // open sessions at most (all streams together)
+  int max_batch_tokens = 2048;  // token budget of one batched forward (prefills are chunked)
+};
+
+// A snapshot of the engine's counters.
+struct DraftEngineStats {
+  int sessions = 0;  // open now
+  int streams = 0;   // registered now
+  int64_t sessions_opened = 0;
+  int64_t forwards = 0;           // batched drafter forwards
+  int64_t drafted_tokens = 0;     // greedy tokens appended to chains
+  int64_t reused_tokens = 0;      // drafted tokens that became final with their KV kept
+  int64_t fed_tokens = 0;         // tokens fed to the model (prefill, recompute and drafts)
+  int64_t recomputed_tokens = 0;  // tokens fed again after their session's KV was evicted
+  int64_t evictions = 0;          // sessions whose KV was dropped to make room
+  int64_t chains = 0;             // chain messages published
+  double kv_usage_ratio = 0;
+  int64_t kv_free_tokens = 0;
+  double step_seconds_ewma = 0;
+  double batch_tokens_ewma = 0;
+};
+
+class DraftEngine {
+ public:
+  // Receives the chains of one stream's sessions, on the engine thread; must not block.
+  using ChainSink = std::function<void(DraftChain)>;
+
+  // `model` is not owned and must outlive the engine. InvalidArgument for options that cannot
+  // work (a KV cache that cannot hold one full-context session, max_sessions < 1, ...).
+  static absl::StatusOr<std::unique_ptr<DraftEngine>> Create(Transformer* model,
+                                                             DraftEngineOptions options);
+  // Drops every session and joins the engine thread; no sink is called afterwards.
+  ~DraftEngine();
+
+  DraftEngine(const DraftEngine&) = delete;
+  DraftEngine& operator=(const DraftEngine&) = delete;
+
+  // Registers a stream whose sessions' chains go to `sink`; returns its id.
+  uint64_t AddStream(ChainSink sink);
+  // Closes the stream's sessions; its sink is not called once the engine has processed this.
+  void RemoveStream(uint64_t stream);
+
+  // Session messages (drafter.proto). Protocol errors (unknown or duplicate session, offset
+  // mismatch, empty tokens, gamma < 1, tokens outside the vocabulary, too many sessions) end
+  // the session with an error chain; they never affect other sessions.
+  void Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma);
+  void Advance(uint64_t stream, uint64_t session, int offset, std::vector<int32_t> append,
+               int gamma);
+  void Close(uint64_t stream, uint64_t session);
+  // Ends the session (open or not) with an error chain carrying `error`, in order with the
+  // stream's other messages (for malformed messages caught before the engine).
+  void Reject(uint64_t stream, uint64_t session, absl::Status error);
+
+  // Counters as of the last chain published (or the last step): a caller that has received a
+  // chain sees counters that include it.
+  DraftEngineStats Stats() const;
+  const ModelConfig& model_config() const { return model_->config(); }
+  const DraftEngineOptions& options() const { return options_; }
+
+ private:
+  struct Message;
+  struct Session;
+  class Loop;
+
+  DraftEngine(Transformer* model, DraftEngineOptions options);
+  void Post(Message message);
+
+  Transformer* model_;
+  DraftEngineOptions options_;
+  std::atomic<uint64_t> next_stream_{1};
+  std::unique_ptr<ActorMailbox<Message>> mailbox_;
+  Published<DraftEngineStats> stats_;  // published before every chain and after every step
+  std::unique_ptr<Loop> loop_;         // state owned by the engine thread
+  std::thread thread_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,774 @@
+#include "worker/engine/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "worker/decoding/spec.h"
+#include "worker/engine/chain_drafter.h"
+#include "worker/engine/mailbox.h"
+
+namespace tandem {
+
+namespace {
+
+constexpr double kEwmaAlpha = 0.1;
+// How often a step loop whose every sequence is backlogged looks again (sinks do not signal
+// when they catch up).
+constexpr absl::Duration kBacklogPoll = absl::Milliseconds(2);
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+}  // namespace
+
+// One request inside the engine. Built and validated by Submit on the caller's thread, then
+// owned by the engine thread alone.
+struct EngineSequence {
+  uint64_t id = 0;
+  std::shared_ptr<SequenceSink> sink;
+  std::unique_ptr<DecodingMode> mode;
+  std::string mode_name;
+  bool lossless = true;
+  SamplingParams sampling;
+
+  std::vector<int32_t> tokens;  // prompt, migrated tokens, then generated tokens: all final
+  int prompt_len = 0;
+  int max_new = 0;    // completion tokens this engine may still add in total
+  int generated = 0;  // completion tokens added here
+  std::unique_ptr<StopChecker> checker;
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  FinishReason replay_finish = FinishReason::kNone;  // the migrated tokens already ended it
+
+  absl::Time submitted;
+  absl::Time deadline = absl::InfiniteFuture();
+  bool scheduled_once = false;
+  bool cancel_requested = false;
+  SequenceUsage usage;
+
+  // Scheduling.
+  bool resident = false;     // in the KV cache and the running set
+  int kv_len = 0;            // leading tokens whose KV is committed
+  int64_t admit_order = -1;  // first admission; preempted sequences keep it
+  bool counted_queued = true;
+
+  // spec: the drafter session (session id = sequence id).
+  bool spec = false;
+  std::string drafter_address;
+  int gamma = 0;
+  DraftChainBuffer chain;
+  std::shared_ptr<DraftChannel> channel;
+  bool session_open = false;
+  absl::Time last_advance;
+
+  int budget() const { return max_new - generated; }
+};
+
+class Engine::Impl {
+ public:
+  Impl(LoadedModel* model, EngineOptions options, DraftChannelFactory drafters, int context)
+      : model_(model),
+        options_(std::move(options)),
+        drafters_(std::move(drafters)),
+        context_(context),
+        mailbox_(std::make_shared<EngineMailbox>()),
+        kv_(model->model->KvOptions(options_.kv_tokens, options_.kv_block_size)) {
+    const Tokenizer& tokenizer = *model_->tokenizer;
+    stop_tokens_ = model_->model->config().eos_token_ids;
+    for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
+      if (auto id = tokenizer.TokenId(name)) stop_tokens_.push_back(*id);
+    }
+    PublishLoad();
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~Impl() {
+    mailbox_->Close();
+    thread_.join();
+  }
+
+  absl::StatusOr<uint64_t> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
+  void Cancel(uint64_t id) { mailbox_->Post(engine_message::Cancel{id}); }
+  void Drain() {
+    draining_.store(true);
+    mailbox_->Post(engine_message::Drain{});
+  }
+  EngineLoad Load() const {
+    EngineLoad load = board_.Get();
+    load.queued += mailbox_->pending_submits();
+    load.draining = draining_.load();
+    return load;
+  }
+  const LoadedModel& model() const { return *model_; }
+
+ private:
+  using SeqPtr = std::shared_ptr<EngineSequence>;
+
+  // One scheduled extend of this step.
+  struct Planned {
+    SeqPtr seq;
+    bool prefill = false;  // an engine-run prefill chunk: no outputs, the mode is not involved
+    DecodeState state;
+    StepPlan plan;
+  };
+
+  absl::StatusOr<std::unique_ptr<DecodingMode>> MakeMode(const std::string& name,
+                                                         const SequenceRequest& request,
+                                                         EngineSequence* seq) const;
+
+  // Engine thread.
+  void Loop();
+  void HandleMessages(std::vector<EngineMessage> messages);
+  void CheckCancelsAndDeadlines();
+  void Admit();
+  void OpenSessions(const std::vector<SeqPtr>& candidates);
+  void WaitForChains(const std::vector<SeqPtr>& candidates);
+  void Step(const std::vector<SeqPtr>& candidates);
+  void Preempt(const SeqPtr& seq);
+  void Finish(const SeqPtr& seq, FinishReason reason, absl::Status error,
+              std::vector<int32_t> tokens = {}, std::string text = {});
+  void DisableDrafting(EngineSequence& seq, absl::Status why);
+  DecodeState StateOf(const EngineSequence& seq) const;
+  bool ModePlansNext(const EngineSequence& seq) const;
+  void PublishLoad();
+
+  LoadedModel* model_;
+  const EngineOptions options_;
+  const DraftChannelFactory drafters_;
+  const int context_;
+  std::vector<int32_t> stop_tokens_;
+
+  // Shared with callers and draft channels.
+  std::shared_ptr<EngineMailbox> mailbox_;
+  LoadBoard board_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<int> queued_{0};  // submitted and not yet admitted (for the queue limit)
+
+  // Engine thread only.
+  KvCache kv_;
+  std::deque<SeqPtr> queue_;
+  std::vector<SeqPtr> running_;  // by admit_order, oldest first
+  std::unordered_map<uint64_t, SeqPtr> live_;
+  std::map<std::string, std::shared_ptr<DraftChannel>> channels_;
+  int64_t admissions_ = 0;
+  int64_t steps_ = 0;
+  int64_t preemptions_ = 0;
+  double step_seconds_ewma_ = 0;
+  double batch_tokens_ewma_ = 0;
+
+  std::thread thread_;
+};
+
+absl::StatusOr<std::unique_ptr<DecodingMode>> Engine::Impl::MakeMode(const std::string& name,
+                                                                     const SequenceRequest& request,
+                                                                     EngineSequence* seq) const {
+  const ModelConfig& config = model_->model->config();
+  if (name != "spec") return CreateMode(name, request.mode_options, config, request.sampling);
+  const std::string address = request.drafter.empty() ? options_.default_drafter : request.drafter;
+  if (!drafters_ || address.empty()) {
+    return absl::InvalidArgumentError(
+        "mode spec needs a drafter: name one in the request or start the verifier with a "
+        "default drafter address");
+  }
+  const int gamma = request.mode_options.spec_gamma;
+  if (gamma < 0 || gamma > kMaxSpecGamma) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec_gamma must be in [0, ", kMaxSpecGamma, "], got ", gamma));
+  }
+  seq->spec = true;
+  seq->drafter_address = address;
+  seq->gamma = gamma;
+  return std::make_unique<SpecMode>(gamma, std::make_unique<ChainDrafter>(&seq->chain),
+                                    config.vocab_size, config.max_position_embeddings);
+}
+
+absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
+                                              std::shared_ptr<SequenceSink> sink) {
+  if (draining_.load()) {
+    return absl::FailedPreconditionError("the engine is draining and admits no new requests");
+  }
+  if (sink == nullptr) return absl::InvalidArgumentError("request has no sink for its events");
+  const int inputs = static_cast<int>(!request.prompt.empty()) +
+                     static_cast<int>(!request.chat.empty()) +
+                     static_cast<int>(!request.prompt_ids.empty());
+  if (inputs == 0) {
+    return absl::InvalidArgumentError(
+        "request has an empty prompt: set prompt, chat or prompt_ids");
+  }
+  if (inputs > 1) {
+    return absl::InvalidArgumentError(
+        "request has several inputs: set exactly one of prompt, chat and prompt_ids");
+  }
+  if (request.max_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be positive, got ", request.max_tokens));
+  }
+  const ModelConfig& config = model_->model->config();
+  const Tokenizer& tokenizer = *model_->tokenizer;
+  auto seq = std::make_shared<EngineSequence>();
+  if (!request.prompt_ids.empty()) {
+    seq->tokens = request.prompt_ids;
+  } else {
+    const std::string text = request.chat.empty() ? request.prompt : ApplyChatMl(request.chat);
+    TANDEM_ASSIGN_OR_RETURN(seq->tokens, tokenizer.Encode(text));
+    if (seq->tokens.empty()) return absl::InvalidArgumentError("prompt encodes to no tokens");
+  }
+  auto check_ids = [&](const std::vector<int32_t>& ids, const char* what) -> absl::Status {
+    for (int32_t t : ids) {
+      if (t < 0 || t >= config.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " has token id ", t, " outside the vocabulary of ", config.vocab_size));
+      }
+    }
+    return absl::OkStatus();
+  };
+  TANDEM_RETURN_IF_ERROR(check_ids(seq->tokens, "prompt_ids"));
+  TANDEM_RETURN_IF_ERROR(check_ids(request.committed, "committed"));
+  seq->prompt_len = static_cast<int>(seq->tokens.size());
+  const int committed = static_cast<int>(request.committed.size());
+  const int used = seq->prompt_len + committed;
+  if (used + 1 > context_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt has ", seq->prompt_len, " tokens",
+                     committed > 0 ? absl::StrCat(" and ", committed, " committed ones") : "",
+                     "; the context holds ", context_, ", leaving no room for a new token"));
+  }
+  if (committed >= request.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("the request already has ", committed,
+                                                   " committed tokens of max_tokens ",
+                                                   request.max_tokens));
+  }
+  seq->max_new = std::min(request.max_tokens - committed, context_ - used);
+
+  std::string mode_name = request.mode;
+  if (mode_name.empty() || mode_name == "auto") mode_name = options_.default_mode;
+  TANDEM_ASSIGN_OR_RETURN(seq->mode, MakeMode(mode_name, request, seq.get()));
+  seq->mode_name = std::string(seq->mode->name());
+  seq->lossless = seq->mode->lossless();
+  seq->sampling = request.sampling;
+
+  StopConditions stop;
+  stop.stop_token_ids = stop_tokens_;
+  stop.stop_token_ids.insert(stop.stop_token_ids.end(), request.stop_token_ids.begin(),
+                             request.stop_token_ids.end());
+  stop.stop_strings = request.stop_strings;
+  stop.max_tokens = committed + seq->max_new;
+  seq->checker = std::make_unique<StopChecker>(std::move(stop));
+  seq->detok = std::make_unique<IncrementalDetokenizer>(tokenizer);
+  // Migrated tokens continue the stop-string and UTF-8 state silently: they were streamed.
+  for (int32_t token : request.committed) {
+    seq->tokens.push_back(token);
+    TANDEM_ASSIGN_OR_RETURN(std::string delta, seq->detok->Push({&token, 1}));
+    if (seq->replay_finish == FinishReason::kNone) {
+      seq->replay_finish = seq->checker->Push(token, delta).finish;
+    }
+  }
+  seq->deadline = request.deadline;
+  seq->sink = std::move(sink);
+
+  if (queued_.fetch_add(1) >= options_.max_queued) {
+    queued_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the engine's queue is full (", options_.max_queued, " requests); retry later"));
+  }
+  seq->id = next_id_.fetch_add(1);
+  seq->submitted = absl::Now();
+  const uint64_t id = seq->id;
+  if (!mailbox_->Post(engine_message::Submit{std::move(seq)})) {
+    queued_.fetch_sub(1);
+    return absl::FailedPreconditionError("the engine is shutting down");
+  }
+  return id;
+}
+
+void Engine::Impl::HandleMessages(std::vector<EngineMessage> messages) {
+  for (EngineMessage& message : messages) {
+    if (auto* submit = std::get_if<engine_message::Submit>(&message)) {
+      SeqPtr seq = std::move(submit->sequence);
+      live_[seq->id] = seq;
+      queue_.push_back(std::move(seq));
+    } else if (auto* cancel = std::get_if<engine_message::Cancel>(&message)) {
+      auto it = live_.find(cancel->id);
+      if (it != live_.end()) it->second->cancel_requested = true;
+    } else if (auto* chain = std::get_if<engine_message::Chain>(&message)) {
+      auto it = live_.find(chain->chain.session);
+      if (it == live_.end() || !it->second->spec) continue;
+      it->second->chain.Merge(std::move(chain->chain), it->second->tokens);
+    }
+    // Drain: the flag is already set; the message only wakes the loop.
+  }
+}
+
+void Engine::Impl::Loop() {
+  while (true) {
+    HandleMessages(mailbox_->TakeAll());
+    if (mailbox_->closed()) break;
+    CheckCancelsAndDeadlines();
+    Admit();
+    std::vector<SeqPtr> candidates;
+    for (const SeqPtr& seq : running_) {
+      if (!seq->sink->Backlogged()) candidates.push_back(seq);
+    }
+    if (candidates.empty()) {
+      PublishLoad();
+      absl::Time wake = absl::InfiniteFuture();
+      if (!running_.empty()) wake = absl::Now() + kBacklogPoll;
+      for (const auto& [id, seq] : live_) wake = std::min(wake, seq->deadline);
+      mailbox_->WaitUntil(wake);
+      continue;
+    }
+    OpenSessions(candidates);
+    WaitForChains(candidates);
+    Step(candidates);
+    PublishLoad();
+  }
+  // Shutdown: everything still live ends as cancelled, on this thread like every event.
+  HandleMessages(mailbox_->TakeAll());
+  std::vector<SeqPtr> all;
+  for (const SeqPtr& seq : running_) all.push_back(seq);
+  for (const SeqPtr& seq : queue_) all.push_back(seq);
+  for (const SeqPtr& seq : all) Finish(seq, FinishReason::kCancelled, absl::OkStatus());
+  PublishLoad();
+}
+
+void Engine::Impl::CheckCancelsAndDeadlines() {
+  const absl::Time now = absl::Now();
+  std::vector<SeqPtr> ended;
+  for (const auto& [id, seq] : live_) {
+    if (seq->cancel_requested || now >= seq->deadline ||
+        seq->replay_finish != FinishReason::kNone) {
+      ended.push_back(seq);
+    }
+  }
+  for (const SeqPtr& seq : ended) {
+    if (seq->cancel_requested) {
+      Finish(seq, FinishReason::kCancelled, absl::OkStatus());
+    } else if (seq->replay_finish != FinishReason::kNone) {
+      Finish(seq, seq->replay_finish, absl::OkStatus());
+    } else {
+      Finish(seq, FinishReason::kCancelled,
+             absl::DeadlineExceededError("the request's deadline passed before it finished"));
+    }
+  }
+}
+
+void Engine::Impl::Admit() {
+  // KV promised to sequences admitted in this call, which have not reserved it yet.
+  int64_t promised = 0;
+  while (!queue_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
+    const SeqPtr& seq = queue_.front();
+    const int64_t need = static_cast<int64_t>(seq->tokens.size()) + options_.kv_block_size;
+    if (!running_.empty() && kv_.FreeTokenCapacity() - promised < need) break;
+    promised += need;
+    SeqPtr admitted = seq;
+    queue_.pop_front();
+    if (!kv_.AddSequence(static_cast<SeqId>(admitted->id)).ok()) {
+      Finish(admitted, FinishReason::kNone,
+             absl::InternalError(
+                 absl::StrCat("sequence ", admitted->id, " is already in the KV cache")));
+      continue;
+    }
+    admitted->resident = true;
+    admitted->kv_len = 0;
+    if (admitted->admit_order < 0) admitted->admit_order = admissions_++;
+    if (admitted->counted_queued) {
+      admitted->counted_queued = false;
+      queued_.fetch_sub(1);
+    }
+    if (!admitted->scheduled_once) {
+      admitted->scheduled_once = true;
+      admitted->usage.queue_seconds = Seconds(absl::Now() - admitted->submitted);
+    }
+    auto pos = std::upper_bound(
+        running_.begin(), running_.end(), admitted,
+        [](const SeqPtr& a, const SeqPtr& b) { return a->admit_order < b->admit_order; });
+    running_.insert(pos, std::move(admitted));
+  }
+}
+
+void Engine::Impl::DisableDrafting(EngineSequence& seq, absl::Status why) {
+  if (!seq.chain.enabled) return;
+  seq.chain.enabled = false;
+  seq.chain.error = std::move(why);
+  seq.chain.tokens.clear();
+}
+
+void Engine::Impl::OpenSessions(const std::vector<SeqPtr>& candidates) {
+  for (const SeqPtr& seq : candidates) {
+    if (!seq->spec || seq->session_open || !seq->chain.enabled) continue;
+    std::shared_ptr<DraftChannel>& channel = channels_[seq->drafter_address];
+    if (channel == nullptr || !channel->healthy()) {
+      std::weak_ptr<EngineMailbox> mailbox = mailbox_;
+      absl::StatusOr<std::unique_ptr<DraftChannel>> made =
+          drafters_(seq->drafter_address, [mailbox](DraftChain chain) {
+            if (auto box = mailbox.lock()) box->Post(engine_message::Chain{std::move(chain)});
+          });
+      if (!made.ok()) {
+        channel = nullptr;
+        DisableDrafting(*seq, made.status());
+        continue;
+      }
+      channel = std::move(*made);
+    }
+    seq->channel = channel;
+    seq->session_open = true;
+    seq->last_advance = absl::Now();
+    absl::Status opened = channel->Open(seq->id, seq->tokens, seq->gamma);
+    if (!opened.ok()) DisableDrafting(*seq, opened);
+  }
+}
+
+DecodeState Engine::Impl::StateOf(const EngineSequence& seq) const {
+  return DecodeState{.tokens = seq.tokens,
+                     .prompt_len = seq.prompt_len,
+                     .kv_len = seq.kv_len,
+                     .budget = seq.budget(),
+                     .sampling = &seq.sampling};
+}
+
+// Whether the sequence's next extend is the mode's (not an engine prefill chunk), assuming the
+// whole token budget of a step were free.
+bool Engine::Impl::ModePlansNext(const EngineSequence& seq) const {
+  const int pending = static_cast<int>(seq.tokens.size()) - seq.kv_len;
+  return pending <= 1 || pending <= std::min(options_.prefill_chunk, options_.max_batch_tokens);
+}
+
+void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
+  std::optional<absl::Time> bound;
+  while (true) {
+    const absl::Time now = absl::Now();
+    absl::Time earliest = absl::InfiniteFuture();
+    bool waiting = false;
+    for (const SeqPtr& seq : candidates) {
+      if (!seq->spec || !seq->resident || !seq->session_open || !seq->chain.enabled) continue;
+      if (seq->channel != nullptr && !seq->channel->healthy()) {
+        DisableDrafting(*seq, absl::UnavailableError("the drafter's channel broke"));
+        continue;
+      }
+      if (seq->gamma <= 0 || seq->budget() < 2 ||
+          static_cast<int>(seq->tokens.size()) >= context_ || !ModePlansNext(*seq)) {
+        continue;
+      }
+      if (!seq->chain.Usable(seq->tokens).empty()) continue;
+      const absl::Time due = seq->last_advance + options_.draft_timeout;
+      if (due <= now) continue;
+      waiting = true;
+      earliest = std::min(earliest, due);
+    }
+    if (!waiting) return;
+    if (!bound) bound = earliest;
+    if (now >= *bound || mailbox_->closed()) return;
+    mailbox_->WaitUntil(std::min(earliest, *bound));
+    HandleMessages(mailbox_->TakeAll());
+  }
+}
+
+void Engine::Impl::Preempt(const SeqPtr& seq) {
+  kv_.RemoveSequence(static_cast<SeqId>(seq->id));
+  seq->resident = false;
+  seq->kv_len = 0;
+  ++seq->usage.preemptions;
+  ++preemptions_;
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  queue_.push_front(seq);
+}
+
+void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
+  const absl::Time start = absl::Now();
+  std::vector<Planned> batch;
+  batch.reserve(candidates.size());
+  int used = 0;
+  auto in_batch = [&](const EngineSequence* s) {
+    return std::any_of(batch.begin(), batch.end(),
+                       [s](const Planned& p) { return p.seq.get() == s; });
+  };
+  for (const SeqPtr& seq : candidates) {
+    if (!seq->resident) continue;  // preempted earlier in this step
+    // The budget decides where planning stops; a plan is always run once made (modes keep
+    // state from Plan for Consume), so the last one may overshoot the budget by its drafts.
+    if (!batch.empty() && used >= options_.max_batch_tokens) break;
+    const int room = options_.max_batch_tokens - used;
+    const int pending = static_cast<int>(seq->tokens.size()) - seq->kv_len;
+    Planned p;
+    p.seq = seq;
+    p.state = StateOf(*seq);
+    const int chunk_limit = std::max(1, std::min(options_.prefill_chunk, room));
+    if (pending > 1 && pending > chunk_limit) {
+      // Prefill the prompt (or a preempted sequence's tokens) in slices, leaving the last
+      // pending token for the mode's own extend.
+      const int n = std::min(chunk_limit, pending - 1);
+      p.prefill = true;
+      for (int i = 0; i < n; ++i) {
+        p.plan.tokens.push_back(seq->tokens[seq->kv_len + i]);
+        p.plan.positions.push_back(seq->kv_len + i);
+      }
+    } else {
+      p.plan = seq->mode->Plan(p.state);
+    }
+    const int n = static_cast<int>(p.plan.tokens.size());
+    bool placed = true;
+    while (!kv_.Reserve(static_cast<SeqId>(seq->id), n)) {
+      SeqPtr victim;
+      for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+        if (*it != seq && !in_batch(it->get())) {
+          victim = *it;
+          break;
+        }
+      }
+      if (victim != nullptr) {
+        Preempt(victim);
+        continue;
+      }
+      placed = false;
+      if (!batch.empty()) {
+        Preempt(seq);  // the newest of the batch: it waits for the others to finish
+      } else {
+        Finish(seq, FinishReason::kNone,
+               absl::InternalError(absl::StrCat(
+                   "sequence ", seq->id, " alone needs KV for ", seq->kv_len + n,
+                   " tokens, more than the cache's ", kv_.FreeTokenCapacity(),
+                   " (engine bug: Create sizes the cache for a full-context sequence)")));
+      }
+      break;
+    }
+    if (!placed) continue;
+    used += n;
+    batch.push_back(std::move(p));
+  }
+  if (batch.empty()) return;
+
+  std::vector<Extend> extends;
+  extends.reserve(batch.size());
+  for (const Planned& p : batch) {
+    extends.push_back(Extend{.seq = static_cast<SeqId>(p.seq->id),
+                             .tokens = p.plan.tokens,
+                             .positions = p.plan.positions,
+                             .visible = p.plan.visible,
+                             .outputs = p.plan.outputs,
+                             .lora_gate = p.plan.lora_gate,
+                             .hidden_layers = p.plan.hidden_layers});
+  }
+  std::vector<absl::StatusOr<ExtendOutput>> outputs;
+  absl::StatusOr<std::vector<ExtendOutput>> all = model_->model->Forward(extends, kv_);
+  if (all.ok()) {
+    for (ExtendOutput& out : *all) outputs.emplace_back(std::move(out));
+  } else {
+    // A malformed extend rejects the whole batch and writes nothing: run each alone so that
+    // only the sequence at fault fails.
+    for (const Extend& e : extends) {
+      absl::StatusOr<std::vector<ExtendOutput>> one = model_->model->Forward({&e, 1}, kv_);
+      if (one.ok()) {
+        outputs.emplace_back(std::move((*one)[0]));
+      } else {
+        outputs.emplace_back(one.status());
+      }
+    }
+  }
+
+  for (size_t b = 0; b < batch.size(); ++b) {
+    Planned& p = batch[b];
+    const SeqPtr& seq = p.seq;
+    EngineSequence& s = *seq;
+    ++s.usage.forwards;
+    if (!outputs[b].ok()) {
+      Finish(seq, FinishReason::kNone, outputs[b].status());
+      continue;
+    }
+    if (p.prefill) {
+      std::vector<int32_t> keep(p.plan.tokens.size());
+      for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int32_t>(i);
+      absl::Status committed = kv_.Commit(static_cast<SeqId>(s.id), keep);
+      if (!committed.ok()) {
+        Finish(seq, FinishReason::kNone, committed);
+        continue;
+      }
+      s.kv_len += static_cast<int>(keep.size());
+      continue;
+    }
+    absl::StatusOr<StepResult> result = s.mode->Consume(p.state, p.plan, *outputs[b]);
+    absl::Status status =
+        result.ok() ? CheckStep(p.state, p.plan, *result, s.mode_name) : result.status();
+    if (status.ok() && static_cast<int>(result->append.size()) > s.budget()) {
+      status =
+          absl::InternalError(absl::StrCat("mode ", s.mode_name, " gained ", result->append.size(),
+                                           " tokens with a budget of ", s.budget()));
+    }
+    if (status.ok()) status = kv_.Commit(static_cast<SeqId>(s.id), result->keep);
+    if (!status.ok()) {
+      Finish(seq, FinishReason::kNone, status);
+      continue;
+    }
+    s.kv_len += static_cast<int>(result->keep.size());
+    s.usage.drafted += result->drafted;
+    s.usage.accepted += result->accepted;
+
+    const int offset = static_cast<int>(s.tokens.size());
+    std::vector<int32_t> tokens;
+    std::string text;
+    FinishReason finish = FinishReason::kNone;
+    absl::Status stream_error;
+    for (int32_t token : result->append) {
+      s.tokens.push_back(token);
+      tokens.push_back(token);
+      ++s.generated;
+      absl::StatusOr<std::string> delta = s.detok->Push({&token, 1});
+      if (!delta.ok()) {
+        stream_error = delta.status();
+        break;
+      }
+      StopChecker::Step stop = s.checker->Push(token, *delta);
+      text += stop.text;
+      finish = stop.finish;
+      if (finish != FinishReason::kNone) break;
+      if (s.generated >= s.max_new) {  // the checker counts this too; kept for clarity
+        finish = FinishReason::kLength;
+        break;
+      }
+    }
+    if (!tokens.empty() && s.usage.ttft_seconds == 0) {
+      s.usage.ttft_seconds = Seconds(absl::Now() - s.submitted);
+    }
+    if (!stream_error.ok()) {
+      Finish(seq, FinishReason::kNone, stream_error, std::move(tokens), std::move(text));
+      continue;
+    }
+    if (finish != FinishReason::kNone) {
+      Finish(seq, finish, absl::OkStatus(), std::move(tokens), std::move(text));
+      continue;
+    }
+    if (s.spec && s.session_open && s.chain.enabled && !tokens.empty()) {
+      absl::Status advanced = s.channel->Advance(s.id, offset, tokens, s.gamma);
+      s.last_advance = absl::Now();
+      if (!advanced.ok()) DisableDrafting(s, advanced);
+    }
+    if (!tokens.empty() || !text.empty()) {
+      SequenceEvent event;
+      event.tokens = std::move(tokens);
+      event.text = std::move(text);
+      event.mode = s.mode_name;
+      event.lossless = s.lossless;
+      s.sink->OnEvent(std::move(event));
+    }
+  }
+
+  ++steps_;
+  const double seconds = Seconds(absl::Now() - start);
+  const auto batch_tokens = static_cast<double>(used);
+  if (steps_ == 1) {
+    step_seconds_ewma_ = seconds;
+    batch_tokens_ewma_ = batch_tokens;
+  } else {
+    step_seconds_ewma_ += kEwmaAlpha * (seconds - step_seconds_ewma_);
+    batch_tokens_ewma_ += kEwmaAlpha * (batch_tokens - batch_tokens_ewma_);
+  }
+}
+
+void Engine::Impl::Finish(const SeqPtr& seq, FinishReason reason, absl::Status error,
+                          std::vector<int32_t> tokens, std::string text) {
+  EngineSequence& s = *seq;
+  if (reason != FinishReason::kStop) {
+    // Text held back for a possible stop string, and a character cut short.
+    text += s.checker->Flush();
+    text += s.detok->Flush();
+  }
+  if (s.resident) {
+    kv_.RemoveSequence(static_cast<SeqId>(s.id));
+    running_.erase(std::find(running_.begin(), running_.end(), seq));
+    s.resident = false;
+  } else {
+    auto it = std::find(queue_.begin(), queue_.end(), seq);
+    if (it != queue_.end()) queue_.erase(it);
+  }
+  if (s.counted_queued) {
+    s.counted_queued = false;
+    queued_.fetch_sub(1);
+  }
+  if (s.session_open) {
+    if (s.channel != nullptr) s.channel->Close(s.id);
+    s.session_open = false;
+  }
+  SequenceEvent event;
+  event.tokens = std::move(tokens);
+  event.text = std::move(text);
+  event.finish = reason;
+  event.error = std::move(error);
+  event.mode = s.mode_name;
+  event.lossless = s.lossless;
+  s.usage.prompt_tokens = s.prompt_len;
+  s.usage.completion_tokens = s.generated;
+  s.usage.total_seconds = Seconds(absl::Now() - s.submitted);
+  event.usage = s.usage;
+  std::shared_ptr<SequenceSink> sink = s.sink;
+  live_.erase(s.id);
+  sink->OnEvent(std::move(event));
+}
+
+void Engine::Impl::PublishLoad() {
+  EngineLoad load;
+  load.running = static_cast<int>(running_.size());
+  load.queued = static_cast<int>(queue_.size());
+  load.kv_usage_ratio = kv_.UsageRatio();
+  load.kv_free_tokens = kv_.FreeTokenCapacity();
+  load.steps = steps_;
+  load.step_seconds_ewma = step_seconds_ewma_;
+  load.batch_tokens_ewma = batch_tokens_ewma_;
+  load.preemptions = preemptions_;
+  board_.Publish(load);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LoadedModel* model, EngineOptions options,
+                                                       DraftChannelFactory drafters) {
+  if (model == nullptr || model->model == nullptr || model->tokenizer == nullptr) {
+    return absl::InvalidArgumentError("the engine needs a loaded model with its tokenizer");
+  }
+  const int max_positions = model->model->config().max_position_embeddings;
+  int context = options.context > 0 ? options.context : max_positions;
+  if (max_positions > 0) context = std::min(context, max_positions);
+  if (context <= 0) {
+    return absl::InvalidArgumentError(
+        "the model states no context length (max_position_embeddings); set EngineOptions.context");
+  }
+  if (options.kv_block_size <= 0 || options.max_batch_tokens <= 0 || options.max_running <= 0 ||
+      options.prefill_chunk <= 0 || options.max_queued < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine options must be positive: kv_block_size ", options.kv_block_size,
+        ", max_batch_tokens ", options.max_batch_tokens, ", max_running ", options.max_running,
+        ", prefill_chunk ", options.prefill_chunk, ", max_queued ", options.max_queued));
+  }
+  const int64_t needed = static_cast<int64_t>(context) + kEngineKvHeadroom;
+  if (options.kv_tokens < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_tokens ", options.kv_tokens, " cannot hold one full-context sequence: the context is ",
+        context, " tokens and modes need ", kEngineKvHeadroom, " more; use at least ", needed));
+  }
+  const std::vector<std::string> modes = ImplementedModes();
+  if (std::find(modes.begin(), modes.end(), options.default_mode) == modes.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown default mode '", options.default_mode,
+                     "'; this build has: ", absl::StrJoin(modes, ", ")));
+  }
+  return std::unique_ptr<Engine>(
+      new Engine(std::make_unique<Impl>(model, std::move(options), std::move(drafters), context)));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+absl::StatusOr<uint64_t> Engine::Submit(SequenceRequest request,
+                                        std::shared_ptr<SequenceSink> sink) {
+  return impl_->Submit(std::move(request), std::move(sink));
+}
+void Engine::Cancel(uint64_t id) { impl_->Cancel(id); }
+void Engine::Drain() { impl_->Drain(); }
+EngineLoad Engine::Load() const { return impl_->Load(); }
+const LoadedModel& Engine::model() const { return impl_->model(); }
+
+}  // namespace tandem

@@ -1,0 +1,147 @@
+// The verifier's engine: a worker actor that alone owns a model, its KV cache and its
+// sequences, and decodes many requests at once by continuous batching across modes.
+//
+// One thread runs the step loop: drain the mailbox (submits, cancels, draft chains, drain) ->
+// schedule (admit queued sequences within the KV and the token budget, chunk prefills,
+// preempt the newest sequence when KV runs out) -> plan every scheduled sequence's extend with
+// its mode -> one batched Forward -> consume -> commit -> publish events to the sinks.
+// Callers on other threads only post messages (Submit, Cancel, Drain) and read Load(); events
+// arrive on the engine thread through each request's sink.
+//
+// Preempted sequences keep their tokens and their mode; they re-enter at the front of the queue
+// and recompute their KV by (chunked) prefill. A request never fails for lack of KV.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/decoding/modes.h"
+#include "worker/engine/draft_channel.h"
+#include "worker/engine/local_generator.h"
+#include "worker/sampling/sampling.h"
+#include "worker/sampling/stop.h"
+#include "worker/tokenizer/tokenizer.h"
+
+namespace tandem {
+
+// KV room beyond one full-context sequence that the cache must have: modes overshoot the
+// context by up to this many draft tokens within a step.
+inline constexpr int kEngineKvHeadroom = 256;
+
+struct EngineOptions {
+  int64_t kv_tokens = 65536;  // KV cache capacity in tokens (all sequences together)
+  int kv_block_size = 16;
+  int max_batch_tokens = 1024;      // token budget of one batched forward
+  int max_running = 64;             // resident sequences at most
+  int prefill_chunk = 256;          // longest prefill slice of one sequence per step
+  int max_queued = 1024;            // Submit answers ResourceExhausted beyond this
+  std::string default_mode = "ar";  // the mode of requests that ask for "auto" or ""
+  std::string default_drafter;      // drafter address for `spec` requests that name none
+  // Most tokens one sequence spans, prompt included; 0 (or more than the model's
+  // max_position_embeddings) = the model's. A shorter context needs a smaller KV cache.
+  int context = 0;
+  // How long a `spec` sequence waits for its drafter's chain before it takes an AR step.
+  absl::Duration draft_timeout = absl::Milliseconds(50);
+  ModeOptions mode_defaults;
+};
+
+struct SequenceRequest {
+  std::string request_id;
+  // Exactly one input: text, chat turns (ChatML template) or token ids.
+  std::string prompt;
+  std::vector<ChatTurn> chat;
+  std::vector<int32_t> prompt_ids;
+  // Completion tokens already streamed by a previous worker (migration); not streamed again.
+  std::vector<int32_t> committed;
+  std::string mode;             // a named mode, or "" / "auto" for the engine's default
+  ModeOptions mode_options;     // already merged with the engine's defaults by the caller
+  bool spec_gamma_set = false;  // mode_options.spec_gamma came from the request
+  SamplingParams sampling;
+  int max_tokens = 0;  // > 0
+  std::vector<std::string> stop_strings;
+  std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
+  std::string drafter;                  // drafter address for `spec`; "" = the engine's default
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct SequenceUsage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;  // committed tokens, migrated ones excluded
+  int forwards = 0;           // batched forwards this sequence took part in (prefill included)
+  int drafted = 0;
+  int accepted = 0;
+  int preemptions = 0;
+  double queue_seconds = 0;  // submit -> first scheduled
+  double ttft_seconds = 0;   // submit -> first token
+  double total_seconds = 0;  // submit -> finish
+};
+
+// One message to a request's sink. The last one has `finish` set (or a non-OK `error`).
+struct SequenceEvent {
+  std::vector<int32_t> tokens;  // newly committed completion tokens
+  std::string text;             // text delta (whole UTF-8 characters; stop strings withheld)
+  FinishReason finish = FinishReason::kNone;
+  absl::Status error;  // the sequence failed (an engine bug or a lost model)
+  std::string mode;
+  bool lossless = true;
+  SequenceUsage usage;  // on the last event
+};
+
+class SequenceSink {
+ public:
+  virtual ~SequenceSink() = default;
+  // Called on the engine thread; must not block.
+  virtual void OnEvent(SequenceEvent event) = 0;
+  // True while the consumer is behind (e.g. a slow gRPC stream): the engine does not step the
+  // sequence until it catches up, so nothing is buffered without bound.
+  virtual bool Backlogged() const { return false; }
+};
+
+struct EngineLoad {
+  int running = 0;
+  int queued = 0;
+  double kv_usage_ratio = 0;
+  int64_t kv_free_tokens = 0;
+  int64_t steps = 0;
+  double step_seconds_ewma = 0;
+  double batch_tokens_ewma = 0;
+  int64_t preemptions = 0;
+  bool draining = false;
+};
+
+class Engine {
+ public:
+  // `model` is not owned and must outlive the engine. `drafters` makes channels for `spec`
+  // (may be null: `spec` is then refused). InvalidArgument for options that cannot work (e.g.
+  // a KV cache smaller than one full-context sequence).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(LoadedModel* model, EngineOptions options,
+                                                        DraftChannelFactory drafters);
+  // Cancels every sequence (sinks get finish = kCancelled) and joins the engine thread.
+  ~Engine();
+
+  // Validates on the caller's thread and queues the request: InvalidArgument for bad input
+  // (no or several inputs, empty prompt, unknown mode, max_tokens <= 0, a prompt that leaves
+  // no room in the context, token ids outside the vocabulary, sampling a mode cannot honour),
+  // FailedPrecondition while draining, ResourceExhausted when the queue is full. On success
+  // returns the sequence id; events follow on `sink`.
+  absl::StatusOr<uint64_t> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
+  // Ends the sequence between steps (finish = kCancelled); unknown ids are ignored.
+  void Cancel(uint64_t id);
+  // Stops admitting new requests; running and queued ones finish.
+  void Drain();
+
+  EngineLoad Load() const;
+  const LoadedModel& model() const;
+
+ private:
+  class Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem
