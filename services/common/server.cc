@@ -1,0 +1,185 @@
+#include "services/common/server.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace tandem {
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the ", std::string(what), " file '", path, "'"));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", std::string(what), " file '", path, "' is empty"));
+  }
+  return text.str();
+}
+
+std::string EnvName(std::string_view prefix, std::string_view suffix) {
+  return absl::StrCat(std::string(prefix), "_", std::string(suffix));
+}
+
+// The signal handler's only way out: a byte on a pipe (write is async-signal-safe).
+int shutdown_pipe[2] = {-1, -1};
+
+void OnShutdownSignal(int signo) {
+  const char byte = static_cast<char>(signo);
+  [[maybe_unused]] ssize_t ignored = write(shutdown_pipe[1], &byte, 1);
+}
+
+}  // namespace
+
+void AddServerFlags(CLI::App& app, ServerFlags* flags, std::string_view env_prefix) {
+  app.add_option("--listen", flags->listen, "host:port to serve on (port 0: chosen by the OS)")
+      ->envname(EnvName(env_prefix, "LISTEN"))
+      ->capture_default_str();
+  app.add_option("--tls-cert", flags->tls_cert, "PEM certificate chain; enables TLS")
+      ->envname(EnvName(env_prefix, "TLS_CERT"));
+  app.add_option("--tls-key", flags->tls_key, "PEM private key of --tls-cert")
+      ->envname(EnvName(env_prefix, "TLS_KEY"));
+  app.add_option("--tls-client-ca", flags->tls_client_ca,
+                 "PEM CA bundle; clients must present a certificate it signed (mutual TLS)")
+      ->envname(EnvName(env_prefix, "TLS_CLIENT_CA"));
+}
+
+void AddClientTlsFlags(CLI::App& app, ClientTlsFlags* flags, std::string_view env_prefix) {
+  app.add_option("--client-tls-ca", flags->ca,
+                 "PEM CA bundle that signed the other services' certificates; enables TLS")
+      ->envname(EnvName(env_prefix, "CLIENT_TLS_CA"));
+  app.add_option("--client-tls-cert", flags->cert, "PEM client certificate (mutual TLS)")
+      ->envname(EnvName(env_prefix, "CLIENT_TLS_CERT"));
+  app.add_option("--client-tls-key", flags->key, "PEM key of --client-tls-cert")
+      ->envname(EnvName(env_prefix, "CLIENT_TLS_KEY"));
+}
+
+absl::StatusOr<RunningServer> StartServer(const ServerFlags& flags,
+                                          const std::vector<grpc::Service*>& services) {
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!flags.tls_cert.empty() || !flags.tls_key.empty()) {
+    if (flags.tls_cert.empty() || flags.tls_key.empty()) {
+      return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+    }
+    grpc::SslServerCredentialsOptions options;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    auto cert = ReadPem(flags.tls_cert, "TLS certificate");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem(flags.tls_key, "TLS key");
+    if (!key.ok()) return key.status();
+    pair.cert_chain = *cert;
+    pair.private_key = *key;
+    options.pem_key_cert_pairs.push_back(std::move(pair));
+    if (!flags.tls_client_ca.empty()) {
+      auto ca = ReadPem(flags.tls_client_ca, "TLS client CA");
+      if (!ca.ok()) return ca.status();
+      options.pem_root_certs = *ca;
+      options.client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    credentials = grpc::SslServerCredentials(options);
+  } else if (!flags.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+
+  const size_t colon = flags.listen.rfind(':');
+  if (colon == std::string::npos || colon + 1 == flags.listen.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen must be host:port, got '", flags.listen, "'"));
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // Clients ping idle streams every 10 s (MakeChannel) to notice a dead peer; the server's
+  // default (one ping per 5 min without data) would call that abuse and cut the stream.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  RunningServer running;
+  builder.AddListeningPort(flags.listen, credentials, &running.port);
+  if (flags.max_receive_message_bytes != 0) {
+    builder.SetMaxReceiveMessageSize(flags.max_receive_message_bytes);
+  }
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || running.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", flags.listen,
+                                               "' (address in use or not a local address?)"));
+  }
+  running.address = absl::StrCat(flags.listen.substr(0, colon), ":", running.port);
+  running.server->GetHealthCheckService()->SetServingStatus(true);
+  return running;
+}
+
+void AnnounceListening(std::string_view role, const std::string& address) {
+  std::cout << role << " listening on " << address << std::endl;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const ClientTlsFlags& tls) {
+  if (address.empty()) return absl::InvalidArgumentError("empty service address");
+  grpc::ChannelArguments args;
+  // Streams carry many small messages; let a dead peer be noticed within seconds.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  if (tls.ca.empty()) {
+    if (!tls.cert.empty() || !tls.key.empty()) {
+      return absl::InvalidArgumentError("a client certificate needs --client-tls-ca");
+    }
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions options;
+  auto ca = ReadPem(tls.ca, "TLS CA");
+  if (!ca.ok()) return ca.status();
+  options.pem_root_certs = *ca;
+  if (!tls.cert.empty() || !tls.key.empty()) {
+    if (tls.cert.empty() || tls.key.empty()) {
+      return absl::InvalidArgumentError("mutual TLS needs both --client-tls-cert and -key");
+    }
+    auto cert = ReadPem(tls.cert, "TLS client certificate");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem(tls.key, "TLS client key");
+    if (!key.ok()) return key.status();
+    options.pem_cert_chain = *cert;
+    options.pem_private_key = *key;
+  }
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(options), args);
+}
+
+int WaitForShutdownSignal() {
+  if (shutdown_pipe[0] < 0 && pipe(shutdown_pipe) != 0) {
+    std::perror("pipe");
+    return 0;
+  }
+  struct sigaction action {};
+  action.sa_handler = OnShutdownSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  char byte = 0;
+  while (read(shutdown_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+  return byte;
+}
+
+void SetNotServing(grpc::Server& server) {
+  if (auto* health = server.GetHealthCheckService()) health->SetServingStatus(false);
+}
+
+}  // namespace tandem

@@ -1,0 +1,69 @@
+// What every Tandem service binary shares: listen/TLS flags, starting a gRPC server with the
+// standard health service (grpc.health.v1) and server reflection, client channels with the
+// matching credentials, and shutdown on SIGINT/SIGTERM.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tandem {
+
+struct ServerFlags {
+  std::string listen = "127.0.0.1:0";  // host:port; port 0 = chosen by the OS
+  std::string tls_cert;                // PEM server certificate chain (TLS when set)
+  std::string tls_key;                 // PEM private key
+  std::string tls_client_ca;           // PEM CA; when set, clients must present a cert (mTLS)
+  // Largest request message the server accepts; 0 = gRPC's default (4 MiB). Not a flag: a
+  // service that checks request sizes itself raises it so that it can answer them.
+  int max_receive_message_bytes = 0;
+};
+
+struct ClientTlsFlags {
+  std::string ca;    // PEM CA that signed the servers' certificates (TLS when set)
+  std::string cert;  // PEM client certificate (mTLS)
+  std::string key;   // PEM client key (mTLS)
+};
+
+// Adds --listen, --tls-cert, --tls-key, --tls-client-ca, each also read from the environment
+// variable <env_prefix>_LISTEN, <env_prefix>_TLS_CERT, ... (e.g. TANDEM_VERIFIER_LISTEN).
+void AddServerFlags(CLI::App& app, ServerFlags* flags, std::string_view env_prefix);
+// Adds --client-tls-ca, --client-tls-cert, --client-tls-key (env <env_prefix>_CLIENT_TLS_CA...).
+void AddClientTlsFlags(CLI::App& app, ClientTlsFlags* flags, std::string_view env_prefix);
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;         // the bound port (the OS's choice when the flag said 0)
+  std::string address;  // host:port clients can dial
+};
+
+// Starts a server with `services` (not owned; must outlive the server), the default health
+// service (overall status SERVING) and reflection. Errors name the address or the file that
+// failed (unreadable certificate, address in use).
+absl::StatusOr<RunningServer> StartServer(const ServerFlags& flags,
+                                          const std::vector<grpc::Service*>& services);
+
+// Prints "<role> listening on <address>" on stdout and flushes: `tandem up` and the tests read
+// the chosen port from this line.
+void AnnounceListening(std::string_view role, const std::string& address);
+
+// A channel to `address` with TLS when `tls.ca` is set, else insecure.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const ClientTlsFlags& tls);
+
+// Blocks the calling thread until SIGINT or SIGTERM; returns the signal number. Call once, from
+// main, after the servers are up.
+int WaitForShutdownSignal();
+
+// Marks every service NOT_SERVING in the health service (draining).
+void SetNotServing(grpc::Server& server);
+
+}  // namespace tandem

@@ -1,0 +1,53 @@
+// The Drafter gRPC service (proto/tandem/v1/drafter.proto) over a DraftEngine.
+//
+// Each Draft call is one verifier's stream: a reactor reads its messages and posts them to the
+// engine as that stream's sessions; the engine's chains go to a ChainOutbox and are written one
+// at a time. When the stream ends (the verifier closed or cancelled it, or it broke) its
+// sessions are closed. Protocol errors end only the session concerned, with an error chain.
+//
+// Thread-safety: the service is called by gRPC threads; the engine must outlive the server
+// (shut the server down first).
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "tandem/v1/drafter.grpc.pb.h"
+#include "worker/engine/draft_engine.h"
+
+namespace tandem {
+
+struct DrafterServiceOptions {
+  std::string model_id;   // the checkpoint's directory name
+  std::string worker_id;  // unique per process
+  // Chains waiting for one stream's reader before the stream is ended (see ChainOutbox).
+  size_t max_queued_chains = 4096;
+};
+
+class DrafterService final : public tandem::v1::Drafter::CallbackService {
+ public:
+  DrafterService(DraftEngine* engine, DrafterServiceOptions options);
+
+  grpc::ServerBidiReactor<tandem::v1::DraftClientMessage, tandem::v1::DraftChain>* Draft(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
+                                    const tandem::v1::WorkerInfoRequest* request,
+                                    tandem::v1::WorkerInfo* info) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const tandem::v1::WorkerLoadRequest* request,
+                                    tandem::v1::WorkerLoad* load) override;
+
+  // Reported in GetLoad once shutdown has begun.
+  void SetDraining() { draining_ = true; }
+
+ private:
+  DraftEngine* engine_;
+  DrafterServiceOptions options_;
+  std::atomic<bool> draining_{false};
+};
+
+// A worker id unique to this process: "<role>-<hostname>-<pid>-<random hex>".
+std::string MakeWorkerId(const std::string& role);
+
+}  // namespace tandem

@@ -1,0 +1,91 @@
+// `tandem-drafter`: serves the Drafter API (proto/tandem/v1/drafter.proto) over an AR draft
+// model: greedy draft chains for the sessions of every verifier that connects.
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "kernels/cpu/gemm.h"
+#include "services/common/server.h"
+#include "services/drafter/drafter_service.h"
+#include "worker/engine/draft_engine.h"
+#include "worker/model/transformer.h"
+
+namespace {
+
+// The checkpoint directory's name ("models/tandem-target/" -> "tandem-target").
+std::string ModelId(const std::string& dir) {
+  std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  return path.filename().string();
+}
+
+int Run(const std::string& model_dir, const tandem::DraftEngineOptions& engine_options, int threads,
+        const tandem::ServerFlags& server_flags) {
+  if (threads > 0) omp_set_num_threads(threads);
+  tandem::kernels::cpu::SetBlasThreads(threads);
+  absl::StatusOr<std::unique_ptr<tandem::Transformer>> model = tandem::Transformer::Load(model_dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "tandem-drafter: cannot load the model in '%s': %s\n", model_dir.c_str(),
+                 model.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<tandem::DraftEngine>> engine =
+      tandem::DraftEngine::Create(model->get(), engine_options);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "tandem-drafter: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  tandem::DrafterService service(engine->get(), {.model_id = ModelId(model_dir),
+                                                 .worker_id = tandem::MakeWorkerId("drafter")});
+  absl::StatusOr<tandem::RunningServer> server = tandem::StartServer(server_flags, {&service});
+  if (!server.ok()) {
+    std::fprintf(stderr, "tandem-drafter: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  tandem::AnnounceListening("tandem-drafter", server->address);
+  tandem::WaitForShutdownSignal();
+  service.SetDraining();
+  tandem::SetNotServing(*server->server);
+  // Drafts are only proposals: open streams are cancelled rather than waited for (their
+  // verifiers fall back to AR steps).
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  server->server->Wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem-drafter: drafts greedy token chains for verifiers (Drafter gRPC API)."};
+  std::string model_dir;
+  tandem::DraftEngineOptions engine_options;
+  int threads = 0;
+  tandem::ServerFlags server_flags;
+  app.add_option("--model", model_dir, "Checkpoint directory of the draft model (an AR model)")
+      ->envname("TANDEM_DRAFTER_MODEL")
+      ->required();
+  app.add_option("--kv-tokens", engine_options.kv_tokens,
+                 "KV cache capacity in tokens, all sessions together (at least the model's "
+                 "context)")
+      ->envname("TANDEM_DRAFTER_KV_TOKENS")
+      ->capture_default_str();
+  app.add_option("--max-sessions", engine_options.max_sessions,
+                 "Open drafting sessions at most; further opens get an error chain")
+      ->envname("TANDEM_DRAFTER_MAX_SESSIONS")
+      ->capture_default_str();
+  app.add_option("--max-batch-tokens", engine_options.max_batch_tokens,
+                 "Token budget of one batched forward")
+      ->envname("TANDEM_DRAFTER_MAX_BATCH_TOKENS")
+      ->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads (OpenMP and matrix products); 0 = all cores")
+      ->envname("TANDEM_DRAFTER_THREADS")
+      ->capture_default_str();
+  tandem::AddServerFlags(app, &server_flags, "TANDEM_DRAFTER");
+  CLI11_PARSE(app, argc, argv);
+  return Run(model_dir, engine_options, threads, server_flags);
+}

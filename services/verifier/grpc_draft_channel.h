@@ -1,0 +1,53 @@
+// DraftChannel over gRPC: one bidirectional Draft stream to a drafter service multiplexes the
+// drafting sessions of one verifier (proto/tandem/v1/drafter.proto).
+//
+// Open/Advance/Close queue a message and return at once; one write is in flight at a time and
+// at most `max_queued` wait behind it (a drafter that stops reading breaks the channel rather
+// than growing the queue). Chains read from the stream go to the ChainCallback on gRPC threads.
+// When the stream ends for any reason (drafter killed, network, queue overflow), healthy()
+// turns false for good and every open session receives one chain with an UNAVAILABLE error.
+//
+// Thread-safety: Open, Advance, Close and healthy() may be called from any thread, but not
+// concurrently with the destructor. The destructor cancels the stream and waits for it to end
+// (so it must not run inside the callback); the callback is not called after it returns.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "services/common/server.h"
+#include "worker/engine/draft_channel.h"
+
+namespace tandem {
+
+class GrpcDraftChannel final : public DraftChannel {
+ public:
+  // Starts the stream on `channel` (connecting happens in the background: a drafter that cannot
+  // be reached shows up as error chains and healthy() == false).
+  static std::unique_ptr<GrpcDraftChannel> Create(std::shared_ptr<grpc::Channel> channel,
+                                                  std::string address, ChainCallback on_chain,
+                                                  size_t max_queued = 4096);
+  ~GrpcDraftChannel() override;
+
+  absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma) override;
+  absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append,
+                       int gamma) override;
+  void Close(uint64_t session) override;
+  bool healthy() const override;
+
+ private:
+  class Stream;
+  struct Core;
+
+  explicit GrpcDraftChannel(std::shared_ptr<Core> core);
+
+  std::shared_ptr<Core> core_;
+};
+
+// Channels to drafters with the given client TLS settings (insecure when `tls.ca` is empty).
+DraftChannelFactory MakeGrpcDraftChannelFactory(ClientTlsFlags tls);
+
+}  // namespace tandem

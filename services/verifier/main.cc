@@ -1,0 +1,145 @@
+// tandem-verifier: serves the target model (tandem.v1.Verifier) to routers.
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/version.h"
+#include "kernels/cpu/gemm.h"
+#include "services/common/server.h"
+#include "services/verifier/grpc_draft_channel.h"
+#include "services/verifier/verifier_service.h"
+#include "worker/engine/engine.h"
+
+namespace {
+
+struct Flags {
+  std::string model;
+  std::string drafter;
+  std::string default_mode = "ar";
+  int64_t kv_tokens = 65536;
+  int max_batch_tokens = 1024;
+  int max_running = 64;
+  int prefill_chunk = 256;
+  int max_queued = 1024;
+  int draft_timeout_ms = 50;
+  int spec_gamma = 4;
+  int threads = 0;
+  int drain_seconds = 30;
+  tandem::ServerFlags server;
+  tandem::ClientTlsFlags client_tls;
+};
+
+std::string RandomWorkerId() {
+  std::random_device random;
+  return absl::StrFormat("verifier-%08x%08x", random(), random());
+}
+
+int Run(const Flags& flags) {
+  absl::StatusOr<tandem::LoadedModel> model = tandem::LoadModelDir(flags.model);
+  if (!model.ok()) {
+    std::cerr << "tandem-verifier: cannot load the model: " << model.status().message() << "\n";
+    return 1;
+  }
+  tandem::kernels::cpu::SetBlasThreads(flags.threads);
+  tandem::EngineOptions options;
+  options.kv_tokens = flags.kv_tokens;
+  options.max_batch_tokens = flags.max_batch_tokens;
+  options.max_running = flags.max_running;
+  options.prefill_chunk = flags.prefill_chunk;
+  options.max_queued = flags.max_queued;
+  options.default_mode = flags.default_mode;
+  options.default_drafter = flags.drafter;
+  options.draft_timeout = absl::Milliseconds(flags.draft_timeout_ms);
+  options.mode_defaults.spec_gamma = flags.spec_gamma;
+  absl::StatusOr<std::unique_ptr<tandem::Engine>> engine = tandem::Engine::Create(
+      &*model, options, tandem::MakeGrpcDraftChannelFactory(flags.client_tls));
+  if (!engine.ok()) {
+    std::cerr << "tandem-verifier: " << engine.status().message() << "\n";
+    return 1;
+  }
+  tandem::VerifierIdentity identity{
+      .model_id = std::filesystem::path(flags.model).lexically_normal().filename().string(),
+      .worker_id = RandomWorkerId()};
+  if (identity.model_id.empty()) {
+    identity.model_id =
+        std::filesystem::path(flags.model).lexically_normal().parent_path().filename().string();
+  }
+  tandem::VerifierService service(engine->get(), identity, options.mode_defaults);
+  absl::StatusOr<tandem::RunningServer> server = tandem::StartServer(flags.server, {&service});
+  if (!server.ok()) {
+    std::cerr << "tandem-verifier: " << server.status().message() << "\n";
+    return 1;
+  }
+  tandem::AnnounceListening("tandem-verifier", server->address);
+  const int signo = tandem::WaitForShutdownSignal();
+  std::cerr << "tandem-verifier: signal " << signo << ", draining\n";
+  // Stop admitting, let running sequences finish (up to --drain-seconds), then stop.
+  tandem::SetNotServing(*server->server);
+  (*engine)->Drain();
+  const absl::Time give_up = absl::Now() + absl::Seconds(flags.drain_seconds);
+  while (absl::Now() < give_up) {
+    const tandem::EngineLoad load = (*engine)->Load();
+    if (load.running == 0 && load.queued == 0) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  engine->reset();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem-verifier: serves a target model to Tandem routers (tandem.v1.Verifier)"};
+  app.set_version_flag("--version", tandem::VersionString());
+  Flags flags;
+  app.add_option("--model", flags.model, "model directory (config.json, safetensors, tokenizer)")
+      ->envname("TANDEM_VERIFIER_MODEL")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--drafter", flags.drafter,
+                 "default drafter address (host:port) for spec requests that name none")
+      ->envname("TANDEM_VERIFIER_DRAFTER");
+  app.add_option("--default-mode", flags.default_mode, "mode of requests that ask for 'auto'")
+      ->envname("TANDEM_VERIFIER_DEFAULT_MODE")
+      ->capture_default_str();
+  app.add_option("--kv-tokens", flags.kv_tokens, "KV cache capacity in tokens (memory budget)")
+      ->envname("TANDEM_VERIFIER_KV_TOKENS")
+      ->capture_default_str();
+  app.add_option("--max-batch-tokens", flags.max_batch_tokens, "token budget of one forward")
+      ->envname("TANDEM_VERIFIER_MAX_BATCH_TOKENS")
+      ->capture_default_str();
+  app.add_option("--max-running", flags.max_running, "most sequences decoded at once")
+      ->envname("TANDEM_VERIFIER_MAX_RUNNING")
+      ->capture_default_str();
+  app.add_option("--prefill-chunk", flags.prefill_chunk, "longest prefill slice per step")
+      ->envname("TANDEM_VERIFIER_PREFILL_CHUNK")
+      ->capture_default_str();
+  app.add_option("--max-queued", flags.max_queued,
+                 "requests waiting beyond this are refused (RESOURCE_EXHAUSTED)")
+      ->envname("TANDEM_VERIFIER_MAX_QUEUED")
+      ->capture_default_str();
+  app.add_option("--draft-timeout-ms", flags.draft_timeout_ms,
+                 "how long a spec step waits for drafts before it takes an AR step")
+      ->envname("TANDEM_VERIFIER_DRAFT_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--spec-gamma", flags.spec_gamma, "default draft tokens per spec step")
+      ->envname("TANDEM_VERIFIER_SPEC_GAMMA")
+      ->capture_default_str();
+  app.add_option("--threads", flags.threads, "CPU threads for matrix products; 0 = all cores")
+      ->envname("TANDEM_VERIFIER_THREADS")
+      ->capture_default_str();
+  app.add_option("--drain-seconds", flags.drain_seconds,
+                 "on SIGTERM, how long running requests may take to finish")
+      ->envname("TANDEM_VERIFIER_DRAIN_SECONDS")
+      ->capture_default_str();
+  tandem::AddServerFlags(app, &flags.server, "TANDEM_VERIFIER");
+  tandem::AddClientTlsFlags(app, &flags.client_tls, "TANDEM_VERIFIER");
+  CLI11_PARSE(app, argc, argv);
+  return Run(flags);
+}

@@ -1,0 +1,336 @@
+#include "services/verifier/verifier_service.h"
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/version.h"
+
+namespace tandem {
+
+namespace {
+
+// Events a stream may hold before the engine stops stepping its sequence.
+constexpr size_t kMaxQueuedResponses = 8;
+
+v1::GenerateResponse ToResponse(const SequenceEvent& event) {
+  v1::GenerateResponse response;
+  response.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
+  response.set_text(event.text);
+  response.set_mode(event.mode);
+  response.set_lossy(!event.lossless);
+  if (event.finish != FinishReason::kNone) {
+    response.set_finish_reason(std::string(FinishReasonName(event.finish)));
+    const SequenceUsage& usage = event.usage;
+    v1::Usage* out = response.mutable_usage();
+    out->set_prompt_tokens(usage.prompt_tokens);
+    out->set_completion_tokens(usage.completion_tokens);
+    out->set_target_forwards(usage.forwards);
+    out->set_draft_tokens(usage.drafted);
+    out->set_accepted_tokens(usage.accepted);
+    out->set_preemptions(usage.preemptions);
+    v1::Timings* timings = response.mutable_timings();
+    timings->set_queue_seconds(usage.queue_seconds);
+    timings->set_time_to_first_token_seconds(usage.ttft_seconds);
+    timings->set_total_seconds(usage.total_seconds);
+  }
+  return response;
+}
+
+absl::Time ToAbslTime(std::chrono::system_clock::time_point deadline) {
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+class GenerateReactor;
+
+// The engine's view of one stream. Outlives the reactor when the engine still holds it; events
+// after the stream is gone are dropped.
+class StreamSink final : public SequenceSink {
+ public:
+  void Attach(GenerateReactor* reactor) {
+    absl::MutexLock lock(&mu_);
+    reactor_ = reactor;
+  }
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+  void OnEvent(SequenceEvent event) override;
+  bool Backlogged() const override {
+    absl::MutexLock lock(&mu_);
+    return queue_.size() >= kMaxQueuedResponses;
+  }
+
+  // Called by the reactor when a write completed.
+  void OnWriteDone(bool ok);
+
+ private:
+  // Starts the next write or finishes the call; mu_ held.
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  GenerateReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // the last event arrived
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(Engine* engine, std::shared_ptr<StreamSink> sink)
+      : engine_(engine), sink_(std::move(sink)) {
+    sink_->Attach(this);
+  }
+
+  // The engine's id of this stream's sequence, once submitted. A cancel that came first is
+  // passed on now.
+  void set_sequence(uint64_t id) {
+    sequence_.store(id);
+    if (cancelled_.load()) engine_->Cancel(id);
+  }
+
+  void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
+  // The client went away or the deadline passed: the engine ends the sequence between steps,
+  // and its last event finishes the call.
+  void OnCancel() override {
+    cancelled_.store(true);
+    if (const uint64_t id = sequence_.load(); id != 0) engine_->Cancel(id);
+  }
+  void OnDone() override {
+    sink_->Detach();
+    if (const uint64_t id = sequence_.load(); id != 0) engine_->Cancel(id);
+    delete this;
+  }
+
+ private:
+  Engine* engine_;
+  std::shared_ptr<StreamSink> sink_;
+  std::atomic<uint64_t> sequence_{0};
+  std::atomic<bool> cancelled_{false};
+};
+
+void StreamSink::OnEvent(SequenceEvent event) {
+  absl::MutexLock lock(&mu_);
+  if (reactor_ == nullptr || ended_) return;
+  if (broken_) {
+    ended_ = event.finish != FinishReason::kNone || !event.error.ok();
+    Pump();
+    return;
+  }
+  const bool last = event.finish != FinishReason::kNone || !event.error.ok();
+  if (!event.error.ok()) {
+    ended_ = true;
+    final_status_ = ToGrpcStatus(event.error);
+  } else {
+    // Empty intermediate events (a step that committed nothing visible) are not worth a write.
+    if (last || !event.tokens.empty() || !event.text.empty()) queue_.push_back(ToResponse(event));
+    if (last) ended_ = true;
+  }
+  Pump();
+}
+
+void StreamSink::OnWriteDone(bool ok) {
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
+  if (!queue_.empty()) queue_.pop_front();
+  if (!ok) {
+    // The client is gone: nothing more is written; the call finishes with the sequence, which
+    // OnCancel has already asked the engine to end.
+    queue_.clear();
+    broken_ = true;
+  }
+  Pump();
+}
+
+void StreamSink::Pump() {
+  if (reactor_ == nullptr || writing_ || finished_) return;
+  if (!queue_.empty() && !broken_) {
+    writing_ = true;
+    reactor_->StartWrite(&queue_.front());
+    // The message must stay alive until the write completes; pop it then.
+    return;
+  }
+  if (ended_) {
+    finished_ = true;
+    reactor_->Finish(final_status_);
+  }
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verify,
+                                                  const VerifierIdentity& identity,
+                                                  const ModelConfig& config,
+                                                  const ModeOptions& defaults) {
+  const v1::GenerateRequest& request = verify.request();
+  if (!request.model().empty() && request.model() != identity.model_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown model '", request.model(), "'; this verifier serves '", identity.model_id, "'"));
+  }
+  SequenceRequest out;
+  out.request_id = request.request_id();
+  switch (request.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      if (request.prompt().empty()) return absl::InvalidArgumentError("prompt is empty");
+      out.prompt = request.prompt();
+      break;
+    case v1::GenerateRequest::kChat:
+      if (request.chat().messages().empty()) {
+        return absl::InvalidArgumentError("chat has no messages");
+      }
+      for (const v1::ChatMessage& message : request.chat().messages()) {
+        if (message.role() != "system" && message.role() != "user" &&
+            message.role() != "assistant") {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "chat message role must be system, user or assistant, got '", message.role(), "'"));
+        }
+        out.chat.push_back(ChatTurn{message.role(), message.content()});
+      }
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      if (request.token_ids().ids().empty()) {
+        return absl::InvalidArgumentError("token_ids is empty");
+      }
+      out.prompt_ids.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      return absl::InvalidArgumentError("the request has no input: set prompt, chat or token_ids");
+  }
+  if (request.max_tokens() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be positive, got ", request.max_tokens()));
+  }
+  if (request.max_tokens() > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", request.max_tokens(),
+                                                   " exceeds the model's context of ",
+                                                   config.max_position_embeddings, " tokens"));
+  }
+  out.max_tokens = request.max_tokens();
+  const v1::SamplingParams& sampling = request.sampling();
+  if (sampling.temperature() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be >= 0, got ", sampling.temperature()));
+  }
+  if (sampling.top_k() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", sampling.top_k()));
+  }
+  if (sampling.top_p() < 0 || sampling.top_p() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_p must be in [0, 1], got ", sampling.top_p()));
+  }
+  if (sampling.min_p() < 0 || sampling.min_p() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_p must be in [0, 1], got ", sampling.min_p()));
+  }
+  out.sampling.temperature = sampling.temperature();
+  out.sampling.top_k = sampling.top_k();
+  out.sampling.top_p = sampling.top_p() == 0 ? 1.0f : sampling.top_p();
+  out.sampling.min_p = sampling.min_p();
+  // Unseeded requests still need a seed; the router sets one so that a migrated request
+  // continues the same random stream.
+  out.sampling.seed = sampling.has_seed() ? sampling.seed() : absl::ToUnixNanos(absl::Now());
+  out.stop_strings.assign(request.stop().begin(), request.stop().end());
+  for (const std::string& stop : out.stop_strings) {
+    if (stop.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
+  }
+  out.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  out.mode = request.mode();
+  out.committed.assign(verify.committed_token_ids().begin(), verify.committed_token_ids().end());
+  out.drafter = verify.drafter();
+
+  ModeOptions options = defaults;
+  const v1::ModeOptions& given = verify.mode_options();
+  if (given.spec_gamma() != 0) {
+    if (given.spec_gamma() < -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec_gamma must be -1 (AR steps) or positive, got ", given.spec_gamma()));
+    }
+    options.spec_gamma = given.spec_gamma() < 0 ? 0 : given.spec_gamma();
+    out.spec_gamma_set = true;
+  }
+  if (given.jacobi_block_size() != 0) options.jacobi_block_size = given.jacobi_block_size();
+  if (given.jacobi_blocks() != 0) options.jacobi_blocks = given.jacobi_blocks();
+  if (given.self_spec_draft_len() != 0) options.self_spec_draft_len = given.self_spec_draft_len();
+  if (given.quadratic_lambda() != 0) options.quadratic_lambda = given.quadratic_lambda();
+  if (given.diffusion_block_size() != 0) {
+    options.diffusion_block_size = given.diffusion_block_size();
+  }
+  if (given.diffusion_threshold() != 0) options.diffusion_threshold = given.diffusion_threshold();
+  out.mode_options = options;
+  return out;
+}
+
+VerifierService::VerifierService(Engine* engine, VerifierIdentity identity,
+                                 ModeOptions mode_defaults)
+    : engine_(engine), identity_(std::move(identity)), mode_defaults_(mode_defaults) {}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* VerifierService::Generate(
+    grpc::CallbackServerContext* context, const v1::VerifyRequest* request) {
+  auto sink = std::make_shared<StreamSink>();
+  auto* reactor = new GenerateReactor(engine_, sink);
+  absl::StatusOr<SequenceRequest> native =
+      ToSequenceRequest(*request, identity_, engine_->model().model->config(), mode_defaults_);
+  if (!native.ok()) {
+    reactor->Finish(ToGrpcStatus(native.status()));
+    return reactor;
+  }
+  native->deadline = ToAbslTime(context->deadline());
+  absl::StatusOr<uint64_t> id = engine_->Submit(*std::move(native), sink);
+  if (!id.ok()) {
+    reactor->Finish(ToGrpcStatus(id.status()));
+    return reactor;
+  }
+  reactor->set_sequence(*id);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* VerifierService::GetInfo(grpc::CallbackServerContext* context,
+                                                   const v1::WorkerInfoRequest* /*request*/,
+                                                   v1::WorkerInfo* reply) {
+  const ModelConfig& config = engine_->model().model->config();
+  reply->set_role("verifier");
+  reply->set_model(identity_.model_id);
+  for (const std::string& mode : ImplementedModes()) reply->add_modes(mode);
+  reply->set_max_context(config.max_position_embeddings);
+  reply->set_vocab_size(config.vocab_size);
+  reply->set_version(VersionString());
+  reply->set_worker_id(identity_.worker_id);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* VerifierService::GetLoad(grpc::CallbackServerContext* context,
+                                                   const v1::WorkerLoadRequest* /*request*/,
+                                                   v1::WorkerLoad* reply) {
+  const EngineLoad load = engine_->Load();
+  reply->set_worker_id(identity_.worker_id);
+  reply->set_running_sequences(load.running);
+  reply->set_queued_sequences(load.queued);
+  reply->set_kv_usage_ratio(load.kv_usage_ratio);
+  reply->set_kv_free_tokens(load.kv_free_tokens);
+  reply->set_steps(load.steps);
+  reply->set_step_seconds_ewma(load.step_seconds_ewma);
+  reply->set_batch_tokens_ewma(load.batch_tokens_ewma);
+  reply->set_preemptions(load.preemptions);
+  reply->set_draining(load.draining);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace tandem

@@ -1,0 +1,53 @@
+// The verifier's gRPC service (tandem.v1.Verifier, callback API): converts each request to the
+// engine's native SequenceRequest at once, submits it, and streams the engine's events back
+// with one write in flight. No gRPC thread ever waits on the model: the engine runs on its own
+// thread and reports through a per-request sink, which tells the engine to hold the sequence
+// while the client is behind (flow control without unbounded buffering).
+//
+// Thread-safety: the service object is shared by gRPC's threads; it holds no mutable state of
+// its own besides what Engine already makes thread-safe.
+#pragma once
+
+#include <string>
+
+#include "tandem/v1/verifier.grpc.pb.h"
+#include "worker/engine/engine.h"
+
+namespace tandem {
+
+struct VerifierIdentity {
+  std::string model_id;   // what clients put in GenerateRequest.model ("" matches too)
+  std::string worker_id;  // unique per process
+};
+
+// Converts a VerifyRequest to the engine's request. InvalidArgument names the field at fault.
+// Mode options left 0 take `defaults`.
+absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& request,
+                                                  const VerifierIdentity& identity,
+                                                  const ModelConfig& config,
+                                                  const ModeOptions& defaults);
+
+class VerifierService final : public v1::Verifier::CallbackService {
+ public:
+  // `engine` is not owned and must outlive the service.
+  VerifierService(Engine* engine, VerifierIdentity identity, ModeOptions mode_defaults);
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::VerifyRequest* request) override;
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
+                                    const v1::WorkerInfoRequest* request,
+                                    v1::WorkerInfo* reply) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const v1::WorkerLoadRequest* request,
+                                    v1::WorkerLoad* reply) override;
+
+ private:
+  Engine* engine_;
+  VerifierIdentity identity_;
+  ModeOptions mode_defaults_;
+};
+
+// absl::Status -> grpc::Status with the same code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace tandem

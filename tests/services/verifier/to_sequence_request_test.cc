@@ -1,0 +1,156 @@
+// The verifier's request conversion: every field lands where the engine expects it, and bad
+// input is refused with InvalidArgument naming the field.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "services/verifier/verifier_service.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class ToSequenceRequestTest : public ::testing::Test {
+ protected:
+  ToSequenceRequestTest() {
+    config_.max_position_embeddings = 512;
+    config_.vocab_size = 4096;
+    defaults_.spec_gamma = 4;
+    defaults_.jacobi_block_size = 16;
+    request_.mutable_request()->set_prompt("def f(");
+    request_.mutable_request()->set_max_tokens(8);
+  }
+
+  absl::StatusOr<SequenceRequest> Convert() {
+    return ToSequenceRequest(request_, identity_, config_, defaults_);
+  }
+  void ExpectInvalid(std::string_view message) {
+    absl::StatusOr<SequenceRequest> out = Convert();
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(out.status().message(), HasSubstr(message));
+  }
+
+  VerifierIdentity identity_{.model_id = "tandem-target", .worker_id = "w"};
+  ModelConfig config_;
+  ModeOptions defaults_;
+  v1::VerifyRequest request_;
+};
+
+TEST_F(ToSequenceRequestTest, CopiesEveryField) {
+  v1::GenerateRequest& r = *request_.mutable_request();
+  r.set_model("tandem-target");
+  r.set_request_id("req-1");
+  r.set_mode("spec");
+  r.mutable_sampling()->set_temperature(0.7f);
+  r.mutable_sampling()->set_top_k(20);
+  r.mutable_sampling()->set_top_p(0.9f);
+  r.mutable_sampling()->set_seed(42);
+  r.add_stop("\n\n");
+  r.add_stop_token_ids(7);
+  request_.add_committed_token_ids(11);
+  request_.add_committed_token_ids(12);
+  request_.set_drafter("127.0.0.1:9");
+  request_.mutable_mode_options()->set_spec_gamma(6);
+  absl::StatusOr<SequenceRequest> out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->request_id, "req-1");
+  EXPECT_EQ(out->prompt, "def f(");
+  EXPECT_EQ(out->mode, "spec");
+  EXPECT_EQ(out->max_tokens, 8);
+  EXPECT_FLOAT_EQ(out->sampling.temperature, 0.7f);
+  EXPECT_EQ(out->sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(out->sampling.top_p, 0.9f);
+  EXPECT_EQ(out->sampling.seed, 42u);
+  EXPECT_THAT(out->stop_strings, ElementsAre("\n\n"));
+  EXPECT_THAT(out->stop_token_ids, ElementsAre(7));
+  EXPECT_THAT(out->committed, ElementsAre(11, 12));
+  EXPECT_EQ(out->drafter, "127.0.0.1:9");
+  EXPECT_EQ(out->mode_options.spec_gamma, 6);
+  EXPECT_TRUE(out->spec_gamma_set);
+  EXPECT_EQ(out->mode_options.jacobi_block_size, 16);  // the default, untouched
+}
+
+TEST_F(ToSequenceRequestTest, GammaMinusOneMeansArSteps) {
+  request_.mutable_mode_options()->set_spec_gamma(-1);
+  absl::StatusOr<SequenceRequest> out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->mode_options.spec_gamma, 0);
+  request_.mutable_mode_options()->set_spec_gamma(-2);
+  ExpectInvalid("spec_gamma");
+}
+
+TEST_F(ToSequenceRequestTest, ChatAndTokenInputs) {
+  v1::ChatMessage* message = request_.mutable_request()->mutable_chat()->add_messages();
+  message->set_role("user");
+  message->set_content("hi");
+  absl::StatusOr<SequenceRequest> out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chat.size(), 1u);
+  EXPECT_EQ(out->chat[0].content, "hi");
+  EXPECT_TRUE(out->prompt.empty());
+
+  request_.mutable_request()->mutable_token_ids()->add_ids(5);
+  out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(out->prompt_ids, ElementsAre(5));
+}
+
+TEST_F(ToSequenceRequestTest, UnseededSamplingGetsASeed) {
+  request_.mutable_request()->mutable_sampling()->set_temperature(1.0f);
+  absl::StatusOr<SequenceRequest> out = Convert();
+  ASSERT_TRUE(out.ok());
+  EXPECT_NE(out->sampling.seed, 0u);
+  EXPECT_FLOAT_EQ(out->sampling.top_p, 1.0f);  // 0 on the wire = off
+}
+
+TEST_F(ToSequenceRequestTest, RefusesBadInput) {
+  request_.mutable_request()->set_prompt("");
+  ExpectInvalid("prompt is empty");
+  request_.mutable_request()->clear_prompt();
+  ExpectInvalid("no input");
+  request_.mutable_request()->mutable_chat();
+  ExpectInvalid("chat has no messages");
+  v1::ChatMessage* message = request_.mutable_request()->mutable_chat()->add_messages();
+  message->set_role("robot");
+  ExpectInvalid("role");
+  request_.mutable_request()->mutable_token_ids();
+  ExpectInvalid("token_ids is empty");
+  request_.mutable_request()->set_prompt("x");
+
+  request_.mutable_request()->set_model("llama-70b");
+  ExpectInvalid("unknown model 'llama-70b'");
+  request_.mutable_request()->set_model("");
+
+  request_.mutable_request()->set_max_tokens(0);
+  ExpectInvalid("max_tokens must be positive");
+  request_.mutable_request()->set_max_tokens(513);
+  ExpectInvalid("exceeds the model's context of 512");
+  request_.mutable_request()->set_max_tokens(8);
+
+  v1::SamplingParams* sampling = request_.mutable_request()->mutable_sampling();
+  sampling->set_temperature(-1);
+  ExpectInvalid("temperature");
+  sampling->set_temperature(1);
+  sampling->set_top_k(-3);
+  ExpectInvalid("top_k");
+  sampling->set_top_k(0);
+  sampling->set_top_p(1.5f);
+  ExpectInvalid("top_p");
+  sampling->set_top_p(1);
+  sampling->set_min_p(-0.1f);
+  ExpectInvalid("min_p");
+  sampling->set_min_p(0);
+  request_.mutable_request()->add_stop("");
+  ExpectInvalid("stop strings");
+}
+
+TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {
+  const grpc::Status status = ToGrpcStatus(absl::InvalidArgumentError("bad"));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "bad");
+}
+
+}  // namespace
+}  // namespace tandem
