@@ -11,7 +11,8 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly repo
 
 # Build toolchain, the libraries of cmake/TandemDependencies.cmake, the libFuzzer runtime for the
-# clang fuzz build, redis for the router tests, Python for tools/, clang-format for style checks.
+# clang fuzz build, redis for the router tests, Python for tools/ and the Python gRPC end-to-end
+# test, clang-format for style checks.
 readonly packages=(
   build-essential cmake ninja-build pkg-config
   clang libclang-rt-14-dev clang-format
@@ -20,7 +21,7 @@ readonly packages=(
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev
   redis-server
-  python3 python3-venv
+  python3 python3-venv python3-grpcio python3-protobuf
 )
 
 usage() { sed -n '2,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }

@@ -19,18 +19,13 @@
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/gemm.h"
 #include "nlohmann/json.hpp"
+#include "services/cli/bench_prompts.h"
 #include "worker/decoding/modes.h"
 #include "worker/engine/local_generator.h"
 
 namespace tandem::cli {
 
 namespace {
-
-struct Prompt {
-  std::string category;
-  std::string source;
-  std::string text;
-};
 
 // One row of the table: a mode with options that differ from its defaults in `label`.
 struct Variant {
@@ -97,33 +92,6 @@ std::vector<Variant> AllVariants() {
     }
   }
   return variants;
-}
-
-absl::StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path, int per_category) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read prompt file ", path,
-                     " (write it with tools/bench/make_bench_prompts.py, or pass --prompts-file)"));
-  }
-  std::vector<Prompt> prompts;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    for (const auto& [category, items] : j.at("categories").items()) {
-      int taken = 0;
-      for (const auto& item : items) {
-        if (per_category > 0 && taken == per_category) break;
-        prompts.push_back(
-            {category, item.at("source").get<std::string>(), item.at("text").get<std::string>()});
-        ++taken;
-      }
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": expected {\"categories\": {name: [{\"source\", \"text\"}]}}: ", e.what()));
-  }
-  if (prompts.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " has no prompts"));
-  return prompts;
 }
 
 void Add(const GenerateResult& r, const std::vector<int32_t>& ar_tokens, Totals* t) {

@@ -1,6 +1,7 @@
 #include <memory>
 
 #include "absl/strings/str_join.h"
+#include "services/cli/bench_cluster.h"
 #include "services/cli/bench_engine.h"
 #include "services/cli/bench_modes.h"
 #include "services/cli/commands.h"
@@ -25,6 +26,33 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("--layers", engine->layers, "Layers of the synthetic model")
       ->capture_default_str();
   cmd->callback([engine, exit_code] { *exit_code = RunBenchEngine(*engine); });
+
+  auto cluster = std::make_shared<BenchClusterArgs>();
+  CLI::App* cluster_cmd = bench->add_subcommand(
+      "cluster",
+      "Speculation over the network: starts a tandem-drafter and a tandem-verifier on loopback "
+      "and compares the spec step time through them with the in-process draft and verify "
+      "times (overlap), next to AR through the services and the loopback RPC round trip");
+  cluster_cmd->add_option("--model", cluster->model_dir,
+                          "Target and drafter model; default: the bundled models/tandem-target");
+  cluster_cmd->add_option("--prompts-file", cluster->prompts_file,
+                          "Prompt sets; default: <model>/fixtures/bench_prompts.json");
+  cluster_cmd->add_option("--gamma", cluster->gamma, "Draft tokens per step")
+      ->capture_default_str();
+  cluster_cmd->add_option("--prompts", cluster->prompts, "Prompts per category")
+      ->capture_default_str();
+  cluster_cmd->add_option("--max-tokens", cluster->max_tokens, "Tokens per prompt")
+      ->capture_default_str();
+  cluster_cmd
+      ->add_option("--threads", cluster->threads,
+                   "CPU threads per process; 0 = half the cores each")
+      ->capture_default_str();
+  cluster_cmd
+      ->add_option("--draft-timeout-ms", cluster->draft_timeout_ms,
+                   "The verifier's wait for drafts before an AR step")
+      ->capture_default_str();
+  cluster_cmd->add_flag("--json", cluster->json, "Print JSON instead of a table");
+  cluster_cmd->callback([cluster, exit_code] { *exit_code = RunBenchCluster(*cluster); });
 
   auto modes = std::make_shared<BenchModesArgs>();
   CLI::App* modes_cmd = bench->add_subcommand(

@@ -3,11 +3,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "kernels/cpu/gemm.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
+#include "services/common/server.h"
+#include "tandem/v1/generate.grpc.pb.h"
 #include "worker/engine/local_generator.h"
 
 namespace tandem::cli {
@@ -15,6 +19,10 @@ namespace tandem::cli {
 namespace {
 
 struct GenerateArgs {
+  std::string server;  // a router's host:port: generate there instead of in-process
+  ClientTlsFlags tls;
+  bool mode_set = false;  // --mode was given (a server otherwise picks its own)
+  bool seed_set = false;
   std::string model_dir;
   std::string drafter_dir;  // spec: the drafter model; may equal model_dir
   std::string prompt;
@@ -115,18 +123,120 @@ int RunGenerate(const GenerateArgs& args) {
   return 0;
 }
 
+// Generates through a router's tandem.v1.Generation service. Blocking is fine here: this is a
+// command-line client, not a service.
+int RunRemoteGenerate(const GenerateArgs& args) {
+  auto channel = MakeChannel(args.server, args.tls);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "tandem generate: %s\n", channel.status().ToString().c_str());
+    return 1;
+  }
+  auto stub = v1::Generation::NewStub(*channel);
+  v1::GenerateRequest request;
+  if (args.chat) {
+    v1::ChatMessage* turn = request.mutable_chat()->add_messages();
+    turn->set_role("user");
+    turn->set_content(args.prompt);
+  } else {
+    request.set_prompt(args.prompt);
+  }
+  request.set_model(args.model_dir);
+  request.set_mode(args.mode_set ? args.mode : "auto");
+  request.set_max_tokens(args.max_tokens);
+  v1::SamplingParams* sampling = request.mutable_sampling();
+  sampling->set_temperature(args.temperature);
+  sampling->set_top_k(args.top_k);
+  sampling->set_top_p(args.top_p);
+  sampling->set_min_p(args.min_p);
+  if (args.seed_set) sampling->set_seed(args.seed);
+  for (const std::string& stop : args.stop) request.add_stop(stop);
+
+  const absl::Time start = absl::Now();
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse chunk;
+  std::string text;
+  std::vector<int32_t> tokens;
+  v1::GenerateResponse last;
+  while (reader->Read(&chunk)) {
+    text += chunk.text();
+    tokens.insert(tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+    if (!args.json) {
+      std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
+      std::fflush(stdout);
+    }
+    if (!chunk.finish_reason().empty()) last = chunk;
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    if (!args.json && !text.empty()) std::printf("\n");
+    std::fprintf(
+        stderr, "tandem generate: %s: %s: %s\n", args.server.c_str(),
+        absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())).c_str(),
+        status.error_message().c_str());
+    return 1;
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const v1::Usage& usage = last.usage();
+  const int n = static_cast<int>(tokens.size());
+  const int forwards = usage.target_forwards();
+  if (args.json) {
+    nlohmann::json j = {
+        {"text", text},
+        {"tokens", tokens},
+        {"prompt_tokens", usage.prompt_tokens()},
+        {"completion_tokens", usage.completion_tokens()},
+        {"finish_reason", last.finish_reason()},
+        {"mode", last.mode()},
+        {"lossless", !last.lossy()},
+        {"forwards", forwards},
+        {"drafted_tokens", usage.draft_tokens()},
+        {"accepted_tokens", usage.accepted_tokens()},
+        {"acceptance_rate",
+         usage.draft_tokens() > 0
+             ? static_cast<double>(usage.accepted_tokens()) / usage.draft_tokens()
+             : 0.0},
+        {"tokens_per_forward", forwards > 0 ? static_cast<double>(n) / forwards : 0.0},
+        {"queue_seconds", last.timings().queue_seconds()},
+        {"time_to_first_token_seconds", last.timings().time_to_first_token_seconds()},
+        {"seconds", seconds},
+        {"tokens_per_second", seconds > 0 ? n / seconds : 0.0},
+        {"server", args.server},
+    };
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("\n");
+    std::fflush(stdout);  // the completion before the summary on a shared terminal or pipe
+    std::fprintf(stderr,
+                 "[%s, mode %s%s: %d prompt tokens, %d tokens (%s), %d forwards, %.2f "
+                 "tokens/forward, %.1f tokens/s]\n",
+                 args.server.c_str(), last.mode().c_str(), last.lossy() ? " (lossy)" : "",
+                 usage.prompt_tokens(), n, last.finish_reason().c_str(), forwards,
+                 forwards > 0 ? static_cast<double>(n) / forwards : 0.0,
+                 seconds > 0 ? n / seconds : 0.0);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void RegisterGenerate(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand(
       "generate",
-      "Generate text in-process from a model directory (config.json, *.safetensors, "
-      "tokenizer.json), streaming it to stdout");
-  cmd->add_option("--model", args->model_dir, "Model directory")->required();
-  cmd->add_option("--prompt", args->prompt, "Prompt text")->required();
-  cmd->add_option("--mode", args->mode, "Decoding mode: " + absl::StrJoin(ImplementedModes(), ", "))
-      ->capture_default_str();
+      "Generate text, streaming it to stdout: in-process from a model directory (--model: "
+      "config.json, *.safetensors, tokenizer.json), or through a running cluster (--server)");
+  cmd->add_option("--server", args->server,
+                  "Router address host:port: generate there (--model then names the served "
+                  "model, default: the only one)");
+  AddClientTlsFlags(*cmd, &args->tls, "TANDEM");
+  cmd->add_option("--model", args->model_dir, "Model directory (in-process)");
+  cmd->add_option("prompt,--prompt", args->prompt, "Prompt text")->required();
+  CLI::Option* mode =
+      cmd->add_option("--mode", args->mode,
+                      "Decoding mode: " + absl::StrJoin(ImplementedModes(), ", ") +
+                          " (with --server also auto, the server's choice, its default)")
+          ->capture_default_str();
   cmd->add_option("--jacobi-block", args->mode_options.jacobi_block_size,
                   "jacobi: tokens refined per iteration (n)")
       ->capture_default_str();
@@ -169,13 +279,24 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens; 0 = off");
   cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass; 1 = off");
   cmd->add_option("--min-p", args->min_p, "Drop tokens below min-p times the top probability");
-  cmd->add_option("--seed", args->seed, "Seed of the counter-based sampler");
+  CLI::Option* seed = cmd->add_option("--seed", args->seed, "Seed of the counter-based sampler");
   cmd->add_option("--stop", args->stop, "Stop string (repeatable)");
   cmd->add_flag("--chat", args->chat, "Wrap the prompt as a user turn of the ChatML template");
   cmd->add_flag("--json", args->json,
                 "Print one JSON object: text, tokens, forwards, tokens per forward, tokens/s");
   cmd->add_option("--threads", args->threads, "CPU threads for matrix products; 0 = all cores");
-  cmd->callback([args, exit_code] { *exit_code = RunGenerate(*args); });
+  cmd->callback([args, exit_code, mode, seed] {
+    args->mode_set = mode->count() > 0;
+    args->seed_set = seed->count() > 0;
+    if (!args->server.empty()) {
+      *exit_code = RunRemoteGenerate(*args);
+    } else if (args->model_dir.empty()) {
+      std::fprintf(stderr, "tandem generate: give --model DIR (in-process) or --server ADDR\n");
+      *exit_code = 2;
+    } else {
+      *exit_code = RunGenerate(*args);
+    }
+  });
 }
 
 }  // namespace tandem::cli

@@ -1,0 +1,34 @@
+// What the router checks in a client's request before it spends a verifier on it. The service
+// layer converts the wire request into RouterRequest at once; the checks here only see native
+// types. A failed check is InvalidArgument with a message that names the field and the value.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "router/verifier_pool.h"
+
+namespace tandem::router {
+
+// The fields of a GenerateRequest the router checks.
+struct RouterRequest {
+  enum class Input { kNone, kPrompt, kChat, kTokenIds };
+  Input input = Input::kNone;
+  size_t input_size = 0;  // prompt bytes, chat messages or token ids
+  std::string model;
+  std::string mode;  // "" or "auto": the verifier's default mode
+  int max_tokens = 0;
+  float temperature = 0;
+  int top_k = 0;
+  float top_p = 0;
+  float min_p = 0;
+};
+
+// Checks `request` against `model` (the description of the model it names): an input that is
+// set and not empty, a mode the model serves, 0 < max_tokens < the model's context, and
+// sampling parameters within their ranges.
+absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& model);
+
+}  // namespace tandem::router

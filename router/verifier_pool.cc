@@ -1,0 +1,134 @@
+#include "router/verifier_pool.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tandem::router {
+
+namespace {
+
+bool ServesMode(const VerifierInfo& info, std::string_view mode) {
+  if (mode.empty() || mode == "auto") return true;
+  return std::find(info.modes.begin(), info.modes.end(), mode) != info.modes.end();
+}
+
+}  // namespace
+
+VerifierPool::VerifierPool(std::vector<std::string> addresses)
+    : addresses_(std::move(addresses)), entries_(addresses_.size()) {}
+
+void VerifierPool::SetInfo(size_t index, VerifierInfo info) {
+  absl::MutexLock lock(&mu_);
+  entries_[index].info = std::move(info);
+}
+
+bool VerifierPool::HasInfo(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  return entries_[index].info.has_value();
+}
+
+std::string VerifierPool::WorkerId(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  const auto& info = entries_[index].info;
+  return info ? info->worker_id : std::string();
+}
+
+void VerifierPool::SetHealthy(size_t index, bool healthy) {
+  absl::MutexLock lock(&mu_);
+  entries_[index].healthy = healthy;
+}
+
+bool VerifierPool::Healthy(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  return entries_[index].healthy;
+}
+
+int VerifierPool::InFlight(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  return entries_[index].in_flight;
+}
+
+std::vector<ModelDescription> VerifierPool::Models() const {
+  std::map<std::string, ModelDescription> models;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Entry& entry : entries_) {
+      if (!entry.info) continue;
+      const VerifierInfo& info = *entry.info;
+      auto [it, inserted] = models.try_emplace(info.model);
+      ModelDescription& model = it->second;
+      if (inserted) {
+        model.id = info.model;
+        model.max_context = info.max_context;
+      } else {
+        model.max_context = std::min(model.max_context, info.max_context);
+      }
+      for (const std::string& mode : info.modes) {
+        if (std::find(model.modes.begin(), model.modes.end(), mode) == model.modes.end()) {
+          model.modes.push_back(mode);
+        }
+      }
+    }
+  }
+  std::vector<ModelDescription> out;
+  out.reserve(models.size());
+  for (auto& [id, model] : models) out.push_back(std::move(model));
+  return out;
+}
+
+absl::StatusOr<ModelDescription> VerifierPool::ResolveModel(std::string_view id) const {
+  std::vector<ModelDescription> models = Models();
+  if (models.empty()) {
+    return absl::UnavailableError(
+        "no verifier has answered yet, so the router knows no model; retry shortly");
+  }
+  if (id.empty()) {
+    if (models.size() == 1) return models.front();
+    std::vector<std::string> ids;
+    for (const auto& model : models) ids.push_back(model.id);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model is empty and this router serves several; name one of: ", absl::StrJoin(ids, ", ")));
+  }
+  for (auto& model : models) {
+    if (model.id == id) return std::move(model);
+  }
+  std::vector<std::string> ids;
+  for (const auto& model : models) ids.push_back(model.id);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown model '", std::string(id), "'; this router serves: ", absl::StrJoin(ids, ", ")));
+}
+
+absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string_view mode) {
+  absl::MutexLock lock(&mu_);
+  const size_t n = entries_.size();
+  std::optional<size_t> best;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (next_ + k) % n;
+    const Entry& entry = entries_[i];
+    if (!entry.healthy || !entry.info) continue;
+    if (!model.empty() && entry.info->model != model) continue;
+    if (!ServesMode(*entry.info, mode)) continue;
+    if (!best || entry.in_flight < entries_[*best].in_flight) best = i;
+  }
+  if (!best) {
+    return absl::UnavailableError(absl::StrCat(
+        "no healthy verifier serves model '", std::string(model), "'",
+        mode.empty() || mode == "auto" ? std::string()
+                                       : absl::StrCat(" in mode '", std::string(mode), "'"),
+        "; retry later"));
+  }
+  ++entries_[*best].in_flight;
+  next_ = (*best + 1) % n;
+  return *best;
+}
+
+void VerifierPool::Release(size_t index) {
+  absl::MutexLock lock(&mu_);
+  --entries_[index].in_flight;
+}
+
+}  // namespace tandem::router

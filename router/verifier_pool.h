@@ -1,0 +1,81 @@
+// The router's table of verifiers: each one's address, what it serves (from its GetInfo), whether
+// it is up (from GetLoad polls and failed streams) and how many of the router's streams it
+// carries. Chooses the least-loaded healthy verifier for a request. No gRPC here: the service
+// layer polls the verifiers and reports what it learns, so the balancing policy is testable
+// without a network.
+//
+// Thread-safety: every method may be called from any thread; one mutex guards the table.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace tandem::router {
+
+// What a verifier says about itself (WorkerInfo, converted).
+struct VerifierInfo {
+  std::string model;               // model id clients name in their requests
+  std::vector<std::string> modes;  // decoding modes it serves
+  int max_context = 0;             // the model's context length in tokens
+  std::string worker_id;           // changes when the process behind the address restarts
+};
+
+// A model as the cluster serves it: modes are the union over the verifiers that serve it, the
+// context the smallest.
+struct ModelDescription {
+  std::string id;
+  std::vector<std::string> modes;
+  int max_context = 0;
+};
+
+class VerifierPool {
+ public:
+  // One entry per address, in that order; indices below refer to it. Every verifier starts
+  // down and without info until the first report.
+  explicit VerifierPool(std::vector<std::string> addresses);
+
+  size_t size() const { return addresses_.size(); }
+  const std::string& address(size_t index) const { return addresses_[index]; }
+
+  void SetInfo(size_t index, VerifierInfo info);
+  bool HasInfo(size_t index) const;
+  // The worker id of the last info, "" before any.
+  std::string WorkerId(size_t index) const;
+  void SetHealthy(size_t index, bool healthy);
+  bool Healthy(size_t index) const;
+  int InFlight(size_t index) const;
+
+  // Models of every verifier with info, up or down (a verifier that is briefly down does not
+  // make its model unknown), sorted by id.
+  std::vector<ModelDescription> Models() const;
+  // The model a request names; "" names the only model when there is exactly one.
+  // InvalidArgument names the models there are; Unavailable before any verifier answered.
+  absl::StatusOr<ModelDescription> ResolveModel(std::string_view id) const;
+
+  // Picks the healthy verifier serving `model` (and `mode`, unless it is "" or "auto") with the
+  // fewest streams in flight and counts one more stream on it; Release() ends it. Unavailable
+  // (naming the model) when no healthy verifier serves it.
+  absl::StatusOr<size_t> Acquire(std::string_view model, std::string_view mode);
+  void Release(size_t index);
+
+ private:
+  struct Entry {
+    std::optional<VerifierInfo> info;
+    bool healthy = false;
+    int in_flight = 0;
+  };
+
+  const std::vector<std::string> addresses_;
+  mutable absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // round-robin start, so ties spread out
+};
+
+}  // namespace tandem::router

@@ -1,0 +1,278 @@
+#include "services/cli/bench_cluster.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/cpu/gemm.h"
+#include "nlohmann/json.hpp"
+#include "services/cli/bench_prompts.h"
+#include "services/cli/child_process.h"
+#include "services/cli/locate.h"
+#include "tandem/v1/verifier.grpc.pb.h"
+#include "worker/engine/local_generator.h"
+
+namespace tandem::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+struct ForwardTimes {
+  double verify = 0;  // one forward of gamma + 1 new tokens after a `context`-token prefix
+  double draft = 0;   // gamma one-token forwards, each committed
+};
+
+// Times the target's forwards in this process, as the verifier and the drafter run them.
+absl::StatusOr<ForwardTimes> TimeForwards(Transformer& model, int gamma, int context, int reps) {
+  const int vocab = model.config().vocab_size;
+  KvCache kv(model.KvOptions(context + gamma + 64 + reps * gamma));
+  std::vector<int32_t> tokens(context);
+  for (int i = 0; i < context; ++i) tokens[i] = (i * 7919) % vocab;
+  std::vector<int32_t> positions(context);
+  std::iota(positions.begin(), positions.end(), 0);
+  const int32_t last = context - 1;
+  if (!kv.AddSequence(0).ok() || !kv.Reserve(0, context)) {
+    return absl::InternalError("bench KV cache too small");
+  }
+  Extend prefill{.seq = 0, .tokens = tokens, .positions = positions, .outputs = {&last, 1}};
+  auto out = model.Forward({&prefill, 1}, kv);
+  if (!out.ok()) return out.status();
+  std::vector<int32_t> all(context);
+  std::iota(all.begin(), all.end(), 0);
+  if (auto s = kv.Commit(0, all); !s.ok()) return s;
+
+  ForwardTimes times;
+  std::vector<double> verify, draft;
+  std::vector<int32_t> block(gamma + 1), block_pos(gamma + 1), block_out(gamma + 1);
+  for (int r = 0; r < reps; ++r) {
+    for (int i = 0; i <= gamma; ++i) {
+      block[i] = (r * 31 + i * 17) % vocab;
+      block_pos[i] = context + i;
+      block_out[i] = i;
+    }
+    if (!kv.Reserve(0, gamma + 1)) return absl::InternalError("bench KV cache too small");
+    Extend x{.seq = 0, .tokens = block, .positions = block_pos, .outputs = block_out};
+    const auto start = Clock::now();
+    auto v = model.Forward({&x, 1}, kv);
+    verify.push_back(Seconds(start));
+    if (!v.ok()) return v.status();
+    if (auto s = kv.Commit(0, {}); !s.ok()) return s;  // drop: every rep sees the same prefix
+
+    const auto draft_start = Clock::now();
+    for (int i = 0; i < gamma; ++i) {
+      const int32_t token = block[i];
+      const int32_t position = context + i;
+      const int32_t zero = 0;
+      if (!kv.Reserve(0, 1)) return absl::InternalError("bench KV cache too small");
+      Extend one{
+          .seq = 0, .tokens = {&token, 1}, .positions = {&position, 1}, .outputs = {&zero, 1}};
+      auto d = model.Forward({&one, 1}, kv);
+      if (!d.ok()) return d.status();
+      if (auto s = kv.Commit(0, std::vector<int32_t>{0}); !s.ok()) return s;
+    }
+    draft.push_back(Seconds(draft_start));
+    if (auto s = kv.Truncate(0, context); !s.ok()) return s;
+  }
+  times.verify = Median(verify);
+  times.draft = Median(draft);
+  return times;
+}
+
+struct ClusterRun {
+  double step_seconds = 0;  // median over prompts of decode time per target forward
+  double tokens_per_forward = 0;
+  double tokens_per_second = 0;
+  int tokens = 0;
+  int forwards = 0;
+  int drafted = 0;
+  int accepted = 0;
+};
+
+absl::StatusOr<ClusterRun> RunThroughVerifier(v1::Verifier::Stub& stub,
+                                              const std::vector<Prompt>& prompts,
+                                              const std::string& mode, int gamma, int max_tokens) {
+  ClusterRun run;
+  std::vector<double> steps;
+  double decode_seconds = 0;
+  int decode_tokens = 0;
+  for (const Prompt& prompt : prompts) {
+    v1::VerifyRequest request;
+    request.mutable_request()->set_prompt(prompt.text);
+    request.mutable_request()->set_max_tokens(max_tokens);
+    request.mutable_request()->set_mode(mode);
+    request.mutable_mode_options()->set_spec_gamma(gamma);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+        stub.Generate(&context, request);
+    v1::GenerateResponse response, last;
+    int tokens = 0;
+    while (reader->Read(&response)) {
+      tokens += response.token_ids_size();
+      if (!response.finish_reason().empty()) last = response;
+    }
+    const grpc::Status status = reader->Finish();
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("verifier: ", status.error_message()));
+    }
+    const v1::Usage& usage = last.usage();
+    const double decode =
+        last.timings().total_seconds() - last.timings().time_to_first_token_seconds();
+    if (usage.target_forwards() > 1) steps.push_back(decode / (usage.target_forwards() - 1));
+    decode_seconds += decode;
+    decode_tokens += std::max(0, tokens - 1);
+    run.tokens += tokens;
+    run.forwards += usage.target_forwards();
+    run.drafted += usage.draft_tokens();
+    run.accepted += usage.accepted_tokens();
+  }
+  run.step_seconds = Median(steps);
+  run.tokens_per_forward = run.forwards > 0 ? static_cast<double>(run.tokens) / run.forwards : 0;
+  run.tokens_per_second = decode_seconds > 0 ? decode_tokens / decode_seconds : 0;
+  return run;
+}
+
+std::vector<double> LoopbackRoundTrips(v1::Verifier::Stub& stub, int calls) {
+  std::vector<double> rtt;
+  for (int i = 0; i < calls; ++i) {
+    grpc::ClientContext context;
+    v1::WorkerLoadRequest request;
+    v1::WorkerLoad load;
+    const auto start = Clock::now();
+    if (stub.GetLoad(&context, request, &load).ok()) rtt.push_back(Seconds(start));
+  }
+  return rtt;
+}
+
+}  // namespace
+
+int RunBenchCluster(const BenchClusterArgs& args) {
+  auto fail = [](const absl::Status& status) {
+    std::fprintf(stderr, "tandem bench cluster: %s\n", std::string(status.message()).c_str());
+    return 1;
+  };
+  absl::StatusOr<std::string> model_dir = FindModelDir(args.model_dir);
+  if (!model_dir.ok()) return fail(model_dir.status());
+  const std::string prompts_file =
+      args.prompts_file.empty() ? *model_dir + "/fixtures/bench_prompts.json" : args.prompts_file;
+  absl::StatusOr<std::vector<Prompt>> prompts = LoadPrompts(prompts_file, args.prompts);
+  if (!prompts.ok()) return fail(prompts.status());
+  const int threads = args.threads > 0 ? args.threads : std::max(1, omp_get_num_procs() / 2);
+
+  absl::StatusOr<std::string> drafter_bin = FindServiceBinary("tandem-drafter", "drafter");
+  if (!drafter_bin.ok()) return fail(drafter_bin.status());
+  absl::StatusOr<std::string> verifier_bin = FindServiceBinary("tandem-verifier", "verifier");
+  if (!verifier_bin.ok()) return fail(verifier_bin.status());
+  auto drafter = ChildProcess::Start({.name = "drafter",
+                                      .argv = {*drafter_bin, "--model", *model_dir, "--listen",
+                                               "127.0.0.1:0", "--threads", std::to_string(threads)},
+                                      .forward_output = false});
+  if (!drafter.ok()) return fail(drafter.status());
+  absl::StatusOr<std::string> drafter_address = (*drafter)->WaitForAddress(absl::Seconds(60));
+  if (!drafter_address.ok()) return fail(drafter_address.status());
+  auto verifier = ChildProcess::Start(
+      {.name = "verifier",
+       .argv = {*verifier_bin, "--model", *model_dir, "--listen", "127.0.0.1:0", "--threads",
+                std::to_string(threads), "--drafter", *drafter_address, "--draft-timeout-ms",
+                std::to_string(args.draft_timeout_ms)},
+       .forward_output = false});
+  if (!verifier.ok()) return fail(verifier.status());
+  absl::StatusOr<std::string> verifier_address = (*verifier)->WaitForAddress(absl::Seconds(60));
+  if (!verifier_address.ok()) return fail(verifier_address.status());
+  auto stub = v1::Verifier::NewStub(
+      grpc::CreateChannel(*verifier_address, grpc::InsecureChannelCredentials()));
+
+  // Warm-up: the first requests pay for page faults and thread pools.
+  if (auto warm = RunThroughVerifier(*stub, {prompts->front()}, "spec", args.gamma, 8);
+      !warm.ok()) {
+    return fail(warm.status());
+  }
+  absl::StatusOr<ClusterRun> spec =
+      RunThroughVerifier(*stub, *prompts, "spec", args.gamma, args.max_tokens);
+  if (!spec.ok()) return fail(spec.status());
+  absl::StatusOr<ClusterRun> ar = RunThroughVerifier(*stub, *prompts, "ar", 0, args.max_tokens);
+  if (!ar.ok()) return fail(ar.status());
+  const std::vector<double> rtt = LoopbackRoundTrips(*stub, 200);
+  verifier->reset();
+  drafter->reset();
+
+  // The same forwards in this process, with one process's threads.
+  kernels::cpu::SetBlasThreads(threads);
+  absl::StatusOr<LoadedModel> model = LoadModelDir(*model_dir);
+  if (!model.ok()) return fail(model.status());
+  absl::StatusOr<ForwardTimes> times = TimeForwards(*model->model, args.gamma, 64, 30);
+  if (!times.ok()) return fail(times.status());
+
+  const double serial = times->draft + times->verify;
+  const double overlap = serial > 0 ? spec->step_seconds / serial : 0;
+  const double rtt_p50 = Percentile(rtt, 0.5), rtt_p99 = Percentile(rtt, 0.99);
+  if (args.json) {
+    nlohmann::json j = {
+        {"gamma", args.gamma},
+        {"threads_per_process", threads},
+        {"prompts", prompts->size()},
+        {"max_tokens", args.max_tokens},
+        {"draft_seconds", times->draft},
+        {"verify_seconds", times->verify},
+        {"spec_step_seconds", spec->step_seconds},
+        {"overlap_ratio", overlap},
+        {"spec_tokens_per_forward", spec->tokens_per_forward},
+        {"spec_tokens_per_second", spec->tokens_per_second},
+        {"spec_drafted", spec->drafted},
+        {"spec_accepted", spec->accepted},
+        {"ar_step_seconds", ar->step_seconds},
+        {"ar_tokens_per_second", ar->tokens_per_second},
+        {"loopback_rtt_p50_seconds", rtt_p50},
+        {"loopback_rtt_p99_seconds", rtt_p99},
+    };
+    std::printf("%s\n", j.dump(1).c_str());
+    return 0;
+  }
+  std::printf(
+      "speculation over loopback: gamma %d, %zu prompts x %d tokens, %d threads per "
+      "process\n\n",
+      args.gamma, prompts->size(), args.max_tokens, threads);
+  std::printf("| quantity | value |\n|---|---|\n");
+  std::printf("| draft: %d drafter forwards, in-process | %.2f ms |\n", args.gamma,
+              times->draft * 1e3);
+  std::printf("| verify: one %d-token target forward, in-process | %.2f ms |\n", args.gamma + 1,
+              times->verify * 1e3);
+  std::printf("| spec step through the services | %.2f ms |\n", spec->step_seconds * 1e3);
+  std::printf("| step / (draft + verify) | %.2f |\n", overlap);
+  std::printf("| spec tokens per target forward | %.2f |\n", spec->tokens_per_forward);
+  std::printf("| spec decode tokens/s | %.1f |\n", spec->tokens_per_second);
+  std::printf("| AR step through the services | %.2f ms |\n", ar->step_seconds * 1e3);
+  std::printf("| AR decode tokens/s | %.1f |\n", ar->tokens_per_second);
+  std::printf("| loopback unary RPC round trip p50 / p99 | %.3f / %.3f ms |\n", rtt_p50 * 1e3,
+              rtt_p99 * 1e3);
+  return 0;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,76 @@
+// Service binaries as child processes: start one, read the address it announces on stdout
+// ("<binary> listening on HOST:PORT", services/common/server.h), signal it, wait for it. Backs
+// `tandem up` and the integration tests.
+//
+// A child is killed (SIGKILL) when the thread that started it exits, the parent's death
+// included (PR_SET_PDEATHSIG): a crashed parent leaves no orphan service behind. Start children
+// from a thread that lives as long as they should (main, or a test's thread).
+//
+// Thread-safety: a ChildProcess is driven from one thread. Its output is pumped by a thread of
+// its own; the state they share is guarded by one mutex.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace tandem {
+
+class ChildProcess {
+ public:
+  struct Options {
+    std::string name;               // how messages call it, e.g. "verifier"
+    std::vector<std::string> argv;  // argv[0] is the executable's path
+    // Copy the child's stderr, and its stdout after the announcement, to ours.
+    bool forward_output = true;
+  };
+
+  // Starts the child. Errors name the executable (missing, not executable).
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(Options options);
+  // Kills a child that still runs (SIGKILL) and reaps it.
+  ~ChildProcess();
+
+  // The address from the child's "... listening on HOST:PORT" line. Errors when the child exits
+  // first or stays silent for `timeout`; both quote the end of its stderr.
+  absl::StatusOr<std::string> WaitForAddress(absl::Duration timeout);
+
+  pid_t pid() const { return pid_; }
+  const std::string& name() const { return options_.name; }
+  void Signal(int signo);
+  // The wait status once the child has exited (reaping it), nullopt while it runs.
+  std::optional<int> PollExit();
+  // Waits up to `timeout` for the child to exit; its wait status, or nullopt if it still runs.
+  std::optional<int> WaitForExit(absl::Duration timeout);
+  // The last few KiB the child wrote to stderr.
+  std::string StderrTail() const;
+
+  // "exited with status 1", "was killed by signal 9 (Killed)".
+  static std::string DescribeExit(int wait_status);
+
+ private:
+  ChildProcess(Options options, pid_t pid, int stdout_fd, int stderr_fd);
+  void Pump();  // the output thread's body
+
+  const Options options_;
+  const pid_t pid_;
+  const int stdout_fd_;
+  const int stderr_fd_;
+  std::optional<int> exit_status_;  // set once reaped (driving thread only)
+  std::thread pump_;
+
+  mutable absl::Mutex mu_;
+  std::optional<std::string> address_ ABSL_GUARDED_BY(mu_);
+  bool output_closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stderr_tail_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem

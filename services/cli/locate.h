@@ -1,0 +1,22 @@
+// Finding the service binaries and the bundled model from the `tandem` executable, in an
+// installation (binaries side by side) or in the build tree (services/<folder>/<binary>).
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::cli {
+
+// The directory of the running executable.
+std::string ExecutableDir();
+
+// `name` next to the executable, else in the build tree's services/<folder>/. NotFound says
+// where it looked.
+absl::StatusOr<std::string> FindServiceBinary(const std::string& name, const std::string& folder);
+
+// `flag` when set, else $TANDEM_MODEL_DIR, else models/tandem-target found by walking up from the
+// executable (the build tree sits inside the repository).
+absl::StatusOr<std::string> FindModelDir(const std::string& flag);
+
+}  // namespace tandem::cli

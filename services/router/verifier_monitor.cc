@@ -1,0 +1,137 @@
+#include "services/router/verifier_monitor.h"
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "absl/synchronization/blocking_counter.h"
+
+namespace tandem {
+
+namespace {
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+}
+
+router::VerifierInfo ToVerifierInfo(const v1::WorkerInfo& info) {
+  router::VerifierInfo out;
+  out.model = info.model();
+  out.modes.assign(info.modes().begin(), info.modes().end());
+  out.max_context = info.max_context();
+  out.worker_id = info.worker_id();
+  return out;
+}
+
+// The state of one verifier's calls within a poll.
+struct Probe {
+  grpc::ClientContext context;
+  v1::WorkerLoadRequest load_request;
+  v1::WorkerLoad load;
+  grpc::Status load_status;
+  grpc::ClientContext info_context;
+  v1::WorkerInfoRequest info_request;
+  v1::WorkerInfo info;
+  grpc::Status info_status;
+  bool want_info = false;
+};
+
+}  // namespace
+
+VerifierMonitor::VerifierMonitor(router::VerifierPool* pool, std::vector<v1::Verifier::Stub*> stubs,
+                                 absl::Duration period)
+    : pool_(pool), stubs_(std::move(stubs)), period_(period) {}
+
+VerifierMonitor::~VerifierMonitor() { Stop(); }
+
+void VerifierMonitor::Start(absl::Duration first_wait) {
+  PollOnce(first_wait, /*wait_for_ready=*/true);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void VerifierMonitor::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void VerifierMonitor::Loop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      // Sleeps one period unless Stop() comes first.
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period_)) return;
+    }
+    PollOnce(period_, /*wait_for_ready=*/false);
+  }
+}
+
+void VerifierMonitor::PollOnce(absl::Duration timeout, bool wait_for_ready) {
+  const size_t n = stubs_.size();
+  std::vector<Probe> probes(n);
+  {
+    absl::BlockingCounter loads(static_cast<int>(n));
+    for (size_t i = 0; i < n; ++i) {
+      Probe& probe = probes[i];
+      probe.context.set_deadline(DeadlineIn(timeout));
+      probe.context.set_wait_for_ready(wait_for_ready);
+      stubs_[i]->async()->GetLoad(&probe.context, &probe.load_request, &probe.load,
+                                  [&probe, &loads](grpc::Status status) {
+                                    probe.load_status = std::move(status);
+                                    loads.DecrementCount();
+                                  });
+    }
+    loads.Wait();
+  }
+  int info_calls = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Probe& probe = probes[i];
+    // Info is fetched for a verifier never seen, one coming back up, and one whose process
+    // changed behind the same address (a new worker id).
+    probe.want_info =
+        probe.load_status.ok() &&
+        (!pool_->HasInfo(i) || !pool_->Healthy(i) ||
+         (!probe.load.worker_id().empty() && probe.load.worker_id() != pool_->WorkerId(i)));
+    info_calls += probe.want_info ? 1 : 0;
+  }
+  if (info_calls > 0) {
+    absl::BlockingCounter infos(info_calls);
+    for (size_t i = 0; i < n; ++i) {
+      Probe& probe = probes[i];
+      if (!probe.want_info) continue;
+      probe.info_context.set_deadline(DeadlineIn(timeout));
+      stubs_[i]->async()->GetInfo(&probe.info_context, &probe.info_request, &probe.info,
+                                  [&probe, &infos](grpc::Status status) {
+                                    probe.info_status = std::move(status);
+                                    infos.DecrementCount();
+                                  });
+    }
+    infos.Wait();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Probe& probe = probes[i];
+    if (probe.want_info) {
+      if (probe.info_status.ok()) {
+        pool_->SetInfo(i, ToVerifierInfo(probe.info));
+      } else {
+        std::fprintf(stderr, "tandem-router: verifier %s: GetInfo failed: %s\n",
+                     pool_->address(i).c_str(), probe.info_status.error_message().c_str());
+      }
+    }
+    const bool was_healthy = pool_->Healthy(i);
+    const bool healthy =
+        probe.load_status.ok() && !probe.load.draining() && !pool_->WorkerId(i).empty();
+    pool_->SetHealthy(i, healthy);
+    // The first poll (wait_for_ready) also names the verifiers that are not there yet.
+    if (was_healthy != healthy || (wait_for_ready && !healthy)) {
+      std::fprintf(stderr, "tandem-router: verifier %s is %s%s\n", pool_->address(i).c_str(),
+                   healthy ? "up" : "down",
+                   probe.load_status.ok() ? (probe.load.draining() ? " (draining)" : "")
+                                          : (": " + probe.load_status.error_message()).c_str());
+    }
+  }
+}
+
+}  // namespace tandem

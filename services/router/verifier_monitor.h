@@ -1,0 +1,49 @@
+// Keeps the router's VerifierPool current: asks every verifier for its load (GetLoad) about once a
+// second, marking it up when it answers and is not draining, down otherwise, and fetches its info
+// (GetInfo: model, modes, context) the first time, whenever it comes back up, and whenever its
+// worker id changes (a restart behind the same address).
+//
+// Thread-safety: Start/Stop from one thread (main); the poll runs on a thread of its own and
+// reports to the pool, which is thread-safe. The stubs are shared with the request path.
+#pragma once
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "router/verifier_pool.h"
+#include "tandem/v1/verifier.grpc.pb.h"
+
+namespace tandem {
+
+class VerifierMonitor {
+ public:
+  // `pool` and `stubs` (one per pool entry, same order) are not owned and must outlive the
+  // monitor.
+  VerifierMonitor(router::VerifierPool* pool, std::vector<v1::Verifier::Stub*> stubs,
+                  absl::Duration period = absl::Seconds(1));
+  ~VerifierMonitor();  // Stop()s
+
+  // Runs one poll on the calling thread, waiting up to `first_wait` for verifiers that are still
+  // starting, then polls every period on a thread of its own.
+  void Start(absl::Duration first_wait);
+  void Stop();
+
+ private:
+  // Polls every verifier in parallel; each call waits up to `timeout` (and for the channel to
+  // connect when `wait_for_ready`).
+  void PollOnce(absl::Duration timeout, bool wait_for_ready);
+  void Loop();
+
+  router::VerifierPool* pool_;
+  std::vector<v1::Verifier::Stub*> stubs_;
+  const absl::Duration period_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace tandem

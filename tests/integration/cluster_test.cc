@@ -1,0 +1,321 @@
+// The cluster as separate processes (tandem-drafter, tandem-verifier, tandem-router on loopback
+// ports chosen by the OS), driven through the router's public Generation API: exact greedy output
+// in every mode against the in-process generator, a drafter killed mid-generation, bad input,
+// admission, deadlines and the `tandem up` command.
+#include "tests/integration/cluster.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "services/cli/child_process.h"
+#include "worker/decoding/modes.h"
+#include "worker/engine/local_generator.h"
+
+namespace tandem::testing {
+namespace {
+
+const std::vector<std::string> kPrompts = {"def fibonacci(n):", "import os\n",
+                                           "class Stack:\n    def push(self, x):"};
+
+v1::GenerateRequest Greedy(const std::string& prompt, const std::string& mode, int max_tokens) {
+  v1::GenerateRequest request;
+  request.set_prompt(prompt);
+  request.set_mode(mode);
+  request.set_max_tokens(max_tokens);
+  return request;
+}
+
+// The in-process generator on the same model: what every greedy request must reproduce.
+class Reference {
+ public:
+  static Reference& Get() {
+    static Reference* reference = new Reference();
+    return *reference;
+  }
+
+  // Greedy completion tokens of `prompt` in `mode`.
+  absl::StatusOr<GenerateResult> Generate(const std::string& prompt, const std::string& mode,
+                                          int max_tokens) {
+    if (!model_.ok()) return model_.status();
+    LocalGenerator generator(&*model_);
+    GenerateOptions options;
+    options.mode = mode;
+    options.max_tokens = max_tokens;
+    if (mode == "spec") options.drafter = &*model_;
+    return generator.Generate(prompt, options);
+  }
+
+ private:
+  Reference() : model_(LoadModelDir(TargetModelDir())) {}
+  absl::StatusOr<LoadedModel> model_;
+};
+
+// One cluster for the tests that do not break it.
+class ClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto cluster = Cluster::Start();
+    if (!cluster.ok()) {
+      start_error_ = new std::string(cluster.status().ToString());
+      return;
+    }
+    cluster_ = cluster->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr) << "the cluster did not start: " << *start_error_;
+  }
+
+  static Cluster* cluster_;
+  static std::string* start_error_;
+};
+
+Cluster* ClusterTest::cluster_ = nullptr;
+std::string* ClusterTest::start_error_ = nullptr;
+
+TEST_F(ClusterTest, GreedyOutputEqualsInProcessInEveryMode) {
+  for (const std::string& mode : ImplementedModes()) {
+    for (const std::string& prompt : kPrompts) {
+      SCOPED_TRACE("mode " + mode + ", prompt '" + prompt + "'");
+      auto expected = Reference::Get().Generate(prompt, mode, 48);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      StreamResult got = Generate(cluster_->generation(), Greedy(prompt, mode, 48));
+      ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+      EXPECT_EQ(got.tokens, expected->tokens);
+      EXPECT_EQ(got.text, expected->text);
+      EXPECT_EQ(got.last.finish_reason(), FinishReasonName(expected->finish));
+      EXPECT_EQ(got.last.mode(), mode);
+      EXPECT_EQ(got.last.usage().completion_tokens(), static_cast<int>(got.tokens.size()));
+    }
+  }
+}
+
+TEST_F(ClusterTest, ListModelsNamesTheBundledModel) {
+  grpc::ClientContext context;
+  v1::ListModelsResponse models;
+  ASSERT_TRUE(cluster_->generation().ListModels(&context, v1::ListModelsRequest(), &models).ok());
+  ASSERT_EQ(models.models_size(), 1);
+  EXPECT_EQ(models.models(0).id(), "tandem-target");
+  EXPECT_EQ(models.models(0).max_context(), 512);
+  for (const std::string& mode : ImplementedModes()) {
+    EXPECT_NE(std::find(models.models(0).modes().begin(), models.models(0).modes().end(), mode),
+              models.models(0).modes().end())
+        << mode;
+  }
+}
+
+TEST_F(ClusterTest, BadInputIsInvalidArgumentAndTheNextRequestSucceeds) {
+  std::map<std::string, v1::GenerateRequest> cases;
+  const v1::GenerateRequest good = Greedy("def f(x):", "ar", 8);
+  cases["no input"] = good;
+  cases["no input"].clear_input();
+  cases["empty prompt"] = good;
+  cases["empty prompt"].set_prompt("");
+  cases["empty chat"] = good;
+  cases["empty chat"].mutable_chat();
+  cases["empty token ids"] = good;
+  cases["empty token ids"].mutable_token_ids();
+  cases["unknown model"] = good;
+  cases["unknown model"].set_model("no-such-model");
+  cases["unknown mode"] = good;
+  cases["unknown mode"].set_mode("warp");
+  cases["zero max_tokens"] = good;
+  cases["zero max_tokens"].set_max_tokens(0);
+  cases["negative max_tokens"] = good;
+  cases["negative max_tokens"].set_max_tokens(-3);
+  cases["max_tokens = context"] = good;
+  cases["max_tokens = context"].set_max_tokens(512);
+  cases["negative temperature"] = good;
+  cases["negative temperature"].mutable_sampling()->set_temperature(-0.5f);
+  cases["negative top_k"] = good;
+  cases["negative top_k"].mutable_sampling()->set_top_k(-1);
+  cases["top_p above 1"] = good;
+  cases["top_p above 1"].mutable_sampling()->set_top_p(1.5f);
+  cases["negative top_p"] = good;
+  cases["negative top_p"].mutable_sampling()->set_top_p(-0.1f);
+  cases["invalid UTF-8 prompt"] = good;
+  cases["invalid UTF-8 prompt"].set_prompt("def \xff\xfe(x):");
+  cases["invalid UTF-8 chat"] = good;
+  auto* turn = cases["invalid UTF-8 chat"].mutable_chat()->add_messages();
+  turn->set_role("user");
+  turn->set_content("caf\xc3(");
+  cases["5 MiB prompt"] = good;
+  cases["5 MiB prompt"].set_prompt(std::string(5 << 20, 'a'));
+
+  for (const auto& [name, request] : cases) {
+    SCOPED_TRACE(name);
+    StreamResult bad = Generate(cluster_->generation(), request);
+    EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << bad.status.error_message();
+    EXPECT_FALSE(bad.status.error_message().empty());
+    EXPECT_EQ(bad.messages, 0);
+    StreamResult next = Generate(cluster_->generation(), good);
+    EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+    EXPECT_FALSE(next.tokens.empty());
+  }
+}
+
+TEST_F(ClusterTest, MessagesNameTheFieldAtFault) {
+  v1::GenerateRequest request = Greedy("def f(x):", "warp", 8);
+  StreamResult result = Generate(cluster_->generation(), request);
+  EXPECT_NE(result.status.error_message().find("unknown mode 'warp'"), std::string::npos)
+      << result.status.error_message();
+  request = Greedy("def f(x):", "ar", 8);
+  request.mutable_chat()->add_messages()->set_content("\xff");
+  result = Generate(cluster_->generation(), request);
+  EXPECT_NE(result.status.error_message().find("chat.messages[0].content"), std::string::npos)
+      << result.status.error_message();
+}
+
+TEST_F(ClusterTest, ExpiredDeadlineIsDeadlineExceeded) {
+  StreamResult result =
+      Generate(cluster_->generation(), Greedy("def f(x):", "ar", 400), absl::Milliseconds(1));
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << result.status.error_message();
+}
+
+TEST_F(ClusterTest, BeyondMaxQueueIsResourceExhausted) {
+  auto router = cluster_->StartExtraRouter({"--max-queue", "1"});
+  ASSERT_TRUE(router.ok()) << router.status();
+  auto stub = GenerationStub(*router);
+  // The first stream holds the only slot: the client reads its first message, then waits
+  // until the second request has been answered before it reads on.
+  absl::Notification first_message;
+  absl::Notification second_answered;
+  StreamResult first;
+  std::thread holder([&] {
+    first = Generate(*stub, Greedy("def fibonacci(n):", "ar", 200), absl::Seconds(300),
+                     [&](const v1::GenerateResponse&) {
+                       if (!first_message.HasBeenNotified()) {
+                         first_message.Notify();
+                         second_answered.WaitForNotification();
+                       }
+                     });
+  });
+  first_message.WaitForNotification();
+  StreamResult second = Generate(*stub, Greedy("import os\n", "ar", 8));
+  second_answered.Notify();
+  holder.join();
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << second.status.error_message();
+  EXPECT_NE(second.status.error_message().find("router is at capacity (1 requests in flight)"),
+            std::string::npos)
+      << second.status.error_message();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  StreamResult third = Generate(*stub, Greedy("import os\n", "ar", 8));
+  EXPECT_TRUE(third.status.ok()) << third.status.error_message();
+}
+
+// A drafter that dies under load costs speed, never correctness: every `spec` stream completes
+// with the exact greedy AR output.
+TEST(DrafterFailureTest, KilledDrafterMidGenerationStreamsStillCompleteExactly) {
+  auto started = Cluster::Start();
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<Cluster> cluster = std::move(*started);
+  constexpr int kStreams = 4;
+  constexpr int kMaxTokens = 300;
+  std::vector<StreamResult> results(kStreams);
+  absl::BlockingCounter streaming(kStreams);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      int received = 0;
+      bool counted = false;
+      results[i] =
+          Generate(cluster->generation(), Greedy(kPrompts[i % kPrompts.size()], "spec", kMaxTokens),
+                   absl::Seconds(300), [&](const v1::GenerateResponse& message) {
+                     received += message.token_ids_size();
+                     // Past the first few steps, drafts are flowing; a stream that ends sooner
+                     // counts too.
+                     if (!counted && (received >= 32 || !message.finish_reason().empty())) {
+                       counted = true;
+                       streaming.DecrementCount();
+                     }
+                   });
+    });
+  }
+  // Every stream has started decoding with drafts; the drafter dies now.
+  streaming.Wait();
+  cluster->drafter()->Signal(SIGKILL);
+  EXPECT_TRUE(cluster->drafter()->WaitForExit(absl::Seconds(10)).has_value());
+  for (std::thread& client : clients) client.join();
+  int drafted = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    const std::string& prompt = kPrompts[i % kPrompts.size()];
+    auto expected = Reference::Get().Generate(prompt, "ar", kMaxTokens);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens, expected->tokens);
+    EXPECT_EQ(results[i].text, expected->text);
+    drafted += results[i].last.usage().draft_tokens();
+  }
+  EXPECT_GT(drafted, 0) << "the drafter was never used, so its death proved nothing";
+}
+
+TEST(TandemUpTest, ServesOneRequestAndStopsOnSigterm) {
+  auto up =
+      ChildProcess::Start({.name = "tandem up",
+                           .argv = {BinaryPath("cli", "tandem"), "up", "--listen", "127.0.0.1:0"}});
+  ASSERT_TRUE(up.ok()) << up.status();
+  auto address = (*up)->WaitForAddress(absl::Seconds(180));
+  ASSERT_TRUE(address.ok()) << address.status();
+  auto stub = GenerationStub(*address);
+  StreamResult result = Generate(*stub, Greedy("def fibonacci(n):", "ar", 16));
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  auto expected = Reference::Get().Generate("def fibonacci(n):", "ar", 16);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(result.tokens, expected->tokens);
+  (*up)->Signal(SIGTERM);
+  std::optional<int> status = (*up)->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << "tandem up did not stop within 60 s";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << ChildProcess::DescribeExit(*status) << "\n"
+      << (*up)->StderrTail();
+}
+
+// The pids of `pid`'s children, in the order they were started.
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  std::vector<pid_t> children;
+  pid_t child;
+  while (in >> child) children.push_back(child);
+  return children;
+}
+
+TEST(TandemUpTest, SaysWhichServiceDiedAndExitsNonZero) {
+  auto up =
+      ChildProcess::Start({.name = "tandem up",
+                           .argv = {BinaryPath("cli", "tandem"), "up", "--listen", "127.0.0.1:0"}});
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_TRUE((*up)->WaitForAddress(absl::Seconds(180)).ok());
+  const std::vector<pid_t> services = ChildrenOf((*up)->pid());
+  ASSERT_EQ(services.size(), 3u) << "drafter, verifier, router";
+  ASSERT_EQ(kill(services[1], SIGKILL), 0);
+  std::optional<int> status = (*up)->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << "tandem up did not stop after its verifier died";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
+      << ChildProcess::DescribeExit(*status);
+  EXPECT_NE((*up)->StderrTail().find("tandem up: the verifier (pid " + std::to_string(services[1]) +
+                                     ") was killed by signal 9"),
+            std::string::npos)
+      << (*up)->StderrTail();
+  for (pid_t service : services) {
+    EXPECT_NE(kill(service, 0), 0) << "service " << service << " outlived tandem up";
+  }
+}
+
+}  // namespace
+}  // namespace tandem::testing

@@ -1,0 +1,91 @@
+// The router's verifier table: model catalog, least-loaded choice, health.
+#include "router/verifier_pool.h"
+
+#include "gtest/gtest.h"
+
+namespace tandem::router {
+namespace {
+
+VerifierInfo Info(std::string model, std::vector<std::string> modes, int context,
+                  std::string worker) {
+  return {.model = std::move(model),
+          .modes = std::move(modes),
+          .max_context = context,
+          .worker_id = std::move(worker)};
+}
+
+TEST(VerifierPoolTest, KnowsNoModelBeforeAnyInfo) {
+  VerifierPool pool({"a:1"});
+  EXPECT_TRUE(pool.Models().empty());
+  EXPECT_EQ(pool.ResolveModel("m").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pool.Acquire("m", "ar").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pool.WorkerId(0), "");
+}
+
+TEST(VerifierPoolTest, ModelsMergeModesAndTakeTheSmallestContext) {
+  VerifierPool pool({"a:1", "b:2", "c:3"});
+  pool.SetInfo(0, Info("m", {"ar", "spec"}, 512, "w0"));
+  pool.SetInfo(1, Info("m", {"ar", "jacobi"}, 256, "w1"));
+  pool.SetInfo(2, Info("k", {"ar"}, 1024, "w2"));
+  auto models = pool.Models();
+  ASSERT_EQ(models.size(), 2u);
+  EXPECT_EQ(models[0].id, "k");
+  EXPECT_EQ(models[1].id, "m");
+  EXPECT_EQ(models[1].modes, (std::vector<std::string>{"ar", "spec", "jacobi"}));
+  EXPECT_EQ(models[1].max_context, 256);
+}
+
+TEST(VerifierPoolTest, ResolvesEmptyModelOnlyWhenThereIsOne) {
+  VerifierPool pool({"a:1", "b:2"});
+  pool.SetInfo(0, Info("m", {"ar"}, 512, "w0"));
+  auto only = pool.ResolveModel("");
+  ASSERT_TRUE(only.ok()) << only.status();
+  EXPECT_EQ(only->id, "m");
+  auto unknown = pool.ResolveModel("x");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("unknown model 'x'; this router serves: m"),
+            std::string::npos)
+      << unknown.status();
+  pool.SetInfo(1, Info("k", {"ar"}, 512, "w1"));
+  EXPECT_EQ(pool.ResolveModel("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(VerifierPoolTest, AcquiresTheLeastLoadedHealthyVerifier) {
+  VerifierPool pool({"a:1", "b:2", "c:3"});
+  for (size_t i = 0; i < 3; ++i) {
+    pool.SetInfo(i, Info("m", {"ar"}, 512, "w" + std::to_string(i)));
+    pool.SetHealthy(i, true);
+  }
+  std::vector<int> picks(3, 0);
+  for (int n = 0; n < 6; ++n) {
+    auto index = pool.Acquire("m", "ar");
+    ASSERT_TRUE(index.ok()) << index.status();
+    ++picks[*index];
+  }
+  EXPECT_EQ(picks, (std::vector<int>{2, 2, 2}));
+  pool.Release(1);
+  pool.Release(1);
+  EXPECT_EQ(*pool.Acquire("m", "auto"), 1u);
+  pool.SetHealthy(1, false);
+  auto next = pool.Acquire("m", "");
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(*next, 1u);
+  EXPECT_EQ(pool.InFlight(1), 1);
+}
+
+TEST(VerifierPoolTest, AcquireHonoursModelAndMode) {
+  VerifierPool pool({"a:1", "b:2"});
+  pool.SetInfo(0, Info("m", {"ar"}, 512, "w0"));
+  pool.SetInfo(1, Info("m", {"ar", "spec"}, 512, "w1"));
+  pool.SetHealthy(0, true);
+  pool.SetHealthy(1, true);
+  for (int n = 0; n < 3; ++n) EXPECT_EQ(*pool.Acquire("m", "spec"), 1u);
+  auto missing = pool.Acquire("k", "ar");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(missing.status().message().find("model 'k'"), std::string::npos);
+  pool.SetHealthy(1, false);
+  EXPECT_EQ(pool.Acquire("m", "spec").status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem::router
