@@ -1,0 +1,144 @@
+// StartServer / MakeChannel: health service, reflection, and TLS / mutual TLS with certificates
+// made by openssl at test time.
+#include "services/common/server.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "grpcpp/generic/generic_stub.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Calls grpc.health.v1.Health/Check for the whole server (an empty request) with a generic stub,
+// so the test needs no health proto of its own. Returns the call's status.
+grpc::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::Status status;
+  std::mutex mu;
+  std::condition_variable done;
+  bool finished = false;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = std::move(s);
+                   finished = true;
+                   done.notify_one();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  done.wait(lock, [&] { return finished; });
+  if (status.ok()) {
+    // HealthCheckResponse{status: SERVING} is field 1 varint 1.
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  }
+  return status;
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char pattern[] = "/tmp/tandem-tls-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = new std::string(pattern);
+    const std::string d = *dir_;
+    // A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA.
+    const std::string script =
+        "set -e; cd " + d +
+        "; openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+        "-subj /CN=tandem-test-ca 2>/dev/null"
+        "; openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+        "-subj /CN=127.0.0.1 2>/dev/null"
+        "; printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext"
+        "; openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "-out server.pem -days 2 -extfile san.ext 2>/dev/null"
+        "; openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+        "-subj /CN=tandem-client 2>/dev/null"
+        "; openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "-out client.pem -days 2 2>/dev/null";
+    ASSERT_EQ(std::system(("bash -c \"" + script + "\"").c_str()), 0) << "openssl failed";
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+  static std::string File(const std::string& name) { return *dir_ + "/" + name; }
+
+  static std::string* dir_;
+};
+std::string* TlsTest::dir_ = nullptr;
+
+TEST(ServerTest, InsecureServerServesHealthOnAnOsChosenPort) {
+  absl::StatusOr<RunningServer> server = StartServer({.listen = "127.0.0.1:0"}, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_GT(server->port, 0);
+  EXPECT_EQ(server->address, "127.0.0.1:" + std::to_string(server->port));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(server->address, {});
+  ASSERT_TRUE(channel.ok());
+  EXPECT_TRUE(CheckHealth(*channel).ok());
+  server->server->Shutdown();
+}
+
+TEST(ServerTest, ClearErrors) {
+  EXPECT_FALSE(StartServer({.listen = "nonsense"}, {}).ok());
+  EXPECT_FALSE(
+      StartServer(
+          {.listen = "127.0.0.1:0", .tls_cert = "/nonexistent.pem", .tls_key = "/nonexistent.key"},
+          {})
+          .ok());
+  EXPECT_FALSE(StartServer({.listen = "127.0.0.1:0", .tls_cert = "/x.pem"}, {}).ok());
+  EXPECT_FALSE(MakeChannel("", {}).ok());
+  EXPECT_FALSE(MakeChannel("127.0.0.1:1", {.cert = "/x.pem"}).ok());
+}
+
+TEST_F(TlsTest, TlsServerNeedsATlsClient) {
+  absl::StatusOr<RunningServer> server = StartServer(
+      {.listen = "127.0.0.1:0", .tls_cert = File("server.pem"), .tls_key = File("server.key")}, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> tls =
+      MakeChannel(server->address, {.ca = File("ca.pem")});
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  EXPECT_TRUE(CheckHealth(*tls).ok());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> plain = MakeChannel(server->address, {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(CheckHealth(*plain).ok());
+  server->server->Shutdown();
+}
+
+TEST_F(TlsTest, MutualTlsNeedsAClientCertificate) {
+  absl::StatusOr<RunningServer> server = StartServer({.listen = "127.0.0.1:0",
+                                                      .tls_cert = File("server.pem"),
+                                                      .tls_key = File("server.key"),
+                                                      .tls_client_ca = File("ca.pem")},
+                                                     {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> with_cert =
+      MakeChannel(server->address,
+                  {.ca = File("ca.pem"), .cert = File("client.pem"), .key = File("client.key")});
+  ASSERT_TRUE(with_cert.ok()) << with_cert.status();
+  EXPECT_TRUE(CheckHealth(*with_cert).ok());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> without_cert =
+      MakeChannel(server->address, {.ca = File("ca.pem")});
+  ASSERT_TRUE(without_cert.ok());
+  EXPECT_FALSE(CheckHealth(*without_cert).ok());
+  server->server->Shutdown();
+}
+
+}  // namespace
+}  // namespace tandem
