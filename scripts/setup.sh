@@ -22,6 +22,7 @@ readonly packages=(
   libgtest-dev libgmock-dev
   redis-server
   python3 python3-venv python3-grpcio python3-protobuf
+  openssl
 )
 
 usage() { sed -n '2,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
