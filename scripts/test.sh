@@ -3,7 +3,7 @@
 #
 #   scripts/test.sh [-R REGEX] [--no-fuzz] [--build-dir DIR]
 #
-# 1. scripts/setup.sh (installs missing Debian packages; silent apart from one line otherwise)
+# 1. scripts/setup.sh --deploy-tools --e2e (installs what is missing; one line otherwise)
 # 2. DIR (default build/): Ninja, RelWithDebInfo, every target, then ctest in parallel
 # 3. DIR/fuzz: the clang libFuzzer build of the parsers (-DTANDEM_FUZZERS=ON) and its ctest
 # -R REGEX is passed to both ctest runs; --no-fuzz skips step 3.
@@ -79,7 +79,7 @@ run_ctest() {
 }
 
 stage "setup"
-"$repo/scripts/setup.sh"
+"$repo/scripts/setup.sh" --deploy-tools --e2e
 
 stage "configure $build"
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_TESTS=ON

@@ -19,6 +19,8 @@ namespace {
 
 constexpr size_t kStderrTailBytes = 4096;
 constexpr std::string_view kListeningOn = " listening on ";
+constexpr std::string_view kMetricsOn = " metrics on ";
+constexpr std::string_view kHttpOn = " http on ";
 
 void WriteAll(int fd, const char* data, size_t size) {
   while (size > 0) {
@@ -116,9 +118,15 @@ void ChildProcess::Pump() {
           const std::string text = line.substr(0, end);
           line.erase(0, end + 1);
           const size_t at = text.find(kListeningOn);
+          const size_t metrics_at = text.find(kMetricsOn);
+          const size_t http_at = text.find(kHttpOn);
           absl::MutexLock lock(&mu_);
           if (!address_ && at != std::string::npos) {
             address_ = text.substr(at + kListeningOn.size());
+          } else if (!address_ && !metrics_address_ && metrics_at != std::string::npos) {
+            metrics_address_ = text.substr(metrics_at + kMetricsOn.size());
+          } else if (!address_ && !http_address_ && http_at != std::string::npos) {
+            http_address_ = text.substr(http_at + kHttpOn.size());
           } else if (options_.forward_output) {
             std::fprintf(stdout, "%s\n", text.c_str());
             std::fflush(stdout);
@@ -188,6 +196,16 @@ std::optional<int> ChildProcess::WaitForExit(absl::Duration timeout) {
   // seconds a service takes to stop.
   while (!PollExit() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
   return exit_status_;
+}
+
+std::optional<std::string> ChildProcess::MetricsAddress() const {
+  absl::MutexLock lock(&mu_);
+  return metrics_address_;
+}
+
+std::optional<std::string> ChildProcess::HttpAddress() const {
+  absl::MutexLock lock(&mu_);
+  return http_address_;
 }
 
 std::string ChildProcess::StderrTail() const {

@@ -1,5 +1,6 @@
-// Service binaries as child processes: start one, read the address it announces on stdout
-// ("<binary> listening on HOST:PORT", services/common/server.h), signal it, wait for it. Backs
+// Service binaries as child processes: start one, read the addresses it announces on stdout
+// ("<binary> listening on HOST:PORT", services/common/server.h; "<binary> metrics on
+// HOST:PORT", services/common/metrics.h), signal it, wait for it. Backs
 // `tandem up` and the integration tests.
 //
 // A child is killed (SIGKILL) when the thread that started it exits, the parent's death
@@ -42,6 +43,12 @@ class ChildProcess {
   // The address from the child's "... listening on HOST:PORT" line. Errors when the child exits
   // first or stays silent for `timeout`; both quote the end of its stderr.
   absl::StatusOr<std::string> WaitForAddress(absl::Duration timeout);
+  // The address from the child's "... metrics on HOST:PORT" line (services/common/metrics.h),
+  // once seen. Services print it before their "listening on" line, so after WaitForAddress it is
+  // known for a child started with --metrics-listen.
+  std::optional<std::string> MetricsAddress() const;
+  // Likewise the router's "... http on HOST:PORT" line (its OpenAI-compatible API).
+  std::optional<std::string> HttpAddress() const;
 
   pid_t pid() const { return pid_; }
   const std::string& name() const { return options_.name; }
@@ -69,6 +76,8 @@ class ChildProcess {
 
   mutable absl::Mutex mu_;
   std::optional<std::string> address_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> metrics_address_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> http_address_ ABSL_GUARDED_BY(mu_);
   bool output_closed_ ABSL_GUARDED_BY(mu_) = false;
   std::string stderr_tail_ ABSL_GUARDED_BY(mu_);
 };

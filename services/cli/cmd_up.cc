@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "services/cli/child_process.h"
 #include "services/cli/commands.h"
@@ -18,6 +19,9 @@ namespace {
 
 struct UpArgs {
   std::string listen = "127.0.0.1:8470";
+  // The router's OpenAI-compatible API; "" = next to --listen (DefaultHttpListen), "off" = none.
+  std::string http_listen;
+  std::vector<std::string> api_keys;
   std::string model_dir;
   std::string drafter_model_dir;
   double start_timeout_seconds = 120;
@@ -50,6 +54,16 @@ bool StopAll(std::vector<std::unique_ptr<ChildProcess>>& children) {
     }
   }
   return clean;
+}
+
+// The router's HTTP address next to its gRPC one: the same host and the next port (8471 by
+// default), or a port of the OS's choice when --listen asks for one, so that several clusters
+// started with port 0 do not collide. "" when --listen has no port (the router says why).
+std::string DefaultHttpListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port)) return "";
+  return absl::StrCat(listen.substr(0, colon + 1), port == 0 ? 0 : port + 1);
 }
 
 int RunUp(const UpArgs& args) {
@@ -89,14 +103,24 @@ int RunUp(const UpArgs& args) {
     StopAll(children);
     return 1;
   };
-  auto drafter =
-      start("drafter", {*drafter_bin, "--model", drafter_model, "--listen", "127.0.0.1:0"});
+  auto drafter = start("drafter", {*drafter_bin, "--model", drafter_model, "--listen",
+                                   "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"});
   if (!drafter.ok()) return fail(drafter.status());
   auto verifier = start("verifier", {*verifier_bin, "--model", *model_dir, "--drafter", *drafter,
-                                     "--listen", "127.0.0.1:0"});
+                                     "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"});
   if (!verifier.ok()) return fail(verifier.status());
-  auto router = start("router", {*router_bin, "--verifier", *verifier, "--drafter", *drafter,
-                                 "--listen", args.listen});
+  std::vector<std::string> router_argv = {*router_bin, "--verifier",       *verifier,
+                                          "--drafter", *drafter,           "--listen",
+                                          args.listen, "--metrics-listen", "127.0.0.1:0"};
+  const std::string http_listen =
+      args.http_listen.empty() ? DefaultHttpListen(args.listen) : args.http_listen;
+  if (http_listen != "off" && !http_listen.empty()) {
+    router_argv.insert(router_argv.end(), {"--http-listen", http_listen});
+  }
+  for (const std::string& key : args.api_keys) {
+    router_argv.insert(router_argv.end(), {"--api-key", key});
+  }
+  auto router = start("router", std::move(router_argv));
   if (!router.ok()) return fail(router.status());
   std::printf("tandem up: drafter  %s (pid %d, model %s)\n", drafter->c_str(),
               static_cast<int>(children[0]->pid()), drafter_model.c_str());
@@ -104,6 +128,14 @@ int RunUp(const UpArgs& args) {
               static_cast<int>(children[1]->pid()), model_dir->c_str());
   std::printf("tandem up: router   %s (pid %d): tandem.v1.Generation\n", router->c_str(),
               static_cast<int>(children[2]->pid()));
+  for (const auto& child : children) {
+    // Prometheus text format; the address comes from the child's "metrics on" line.
+    std::printf("tandem up: metrics  http://%s/metrics (%s)\n",
+                child->MetricsAddress().value_or("?").c_str(), child->name().c_str());
+  }
+  if (std::optional<std::string> http = children[2]->HttpAddress()) {
+    std::printf("tandem up: openai   http://%s/v1 (OpenAI-compatible HTTP API)\n", http->c_str());
+  }
   std::printf("tandem up: Ctrl-C stops the cluster\n");
   AnnounceListening("tandem up", *router);
 
@@ -137,6 +169,11 @@ void RegisterUp(CLI::App& app, int* exit_code) {
       "on the bundled model and serve until SIGINT/SIGTERM");
   cmd->add_option("--listen", args->listen, "Router address host:port (port 0: chosen by the OS)")
       ->capture_default_str();
+  cmd->add_option("--http-listen", args->http_listen,
+                  "Router's OpenAI-compatible HTTP API host:port (default: --listen's host and "
+                  "next port, 127.0.0.1:8471; port 0 when --listen's is 0; 'off': none)");
+  cmd->add_option("--api-key", args->api_keys,
+                  "API key clients must send as 'Bearer KEY' (repeatable; default: none needed)");
   cmd->add_option("--model", args->model_dir,
                   "Target model directory (default: $TANDEM_MODEL_DIR, else the bundled "
                   "models/tandem-target)");

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <bit>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <utility>
@@ -17,6 +19,24 @@ namespace tandem {
 namespace {
 
 namespace v1 = ::tandem::v1;
+
+static_assert(std::endian::native == std::endian::little,
+              "hidden states travel as little-endian bf16 and are copied as they are");
+
+// The wire's hidden states as rows (the engine checks their shape against what it asked for).
+absl::StatusOr<HiddenRows> ToRows(const v1::HiddenStates& wire) {
+  if (wire.bf16().size() % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden states of ", wire.bf16().size(), " bytes are not whole bf16 values"));
+  }
+  HiddenRows rows{.layers = wire.num_layers(),
+                  .tokens = wire.num_tokens(),
+                  .hidden_size = wire.hidden_size(),
+                  .offset = wire.offset(),
+                  .bf16 = std::vector<uint16_t>(wire.bf16().size() / 2)};
+  if (!rows.bf16.empty()) std::memcpy(rows.bf16.data(), wire.bf16().data(), wire.bf16().size());
+  return rows;
+}
 
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
@@ -88,17 +108,29 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
   // Converts the wire message and hands it to the engine, which validates it.
   void Dispatch(const v1::DraftClientMessage& m) {
     switch (m.kind_case()) {
-      case v1::DraftClientMessage::kOpen:
+      case v1::DraftClientMessage::kOpen: {
+        absl::StatusOr<HiddenRows> hidden = ToRows(m.open().hidden());
+        if (!hidden.ok()) {
+          engine_->Reject(stream_id_, m.session(), hidden.status());
+          break;
+        }
         engine_->Open(stream_id_, m.session(),
                       std::vector<int32_t>(m.open().tokens().begin(), m.open().tokens().end()),
-                      m.open().gamma());
+                      m.open().gamma(), std::move(*hidden));
         break;
-      case v1::DraftClientMessage::kAdvance:
+      }
+      case v1::DraftClientMessage::kAdvance: {
+        absl::StatusOr<HiddenRows> hidden = ToRows(m.advance().hidden());
+        if (!hidden.ok()) {
+          engine_->Reject(stream_id_, m.session(), hidden.status());
+          break;
+        }
         engine_->Advance(
             stream_id_, m.session(), m.advance().offset(),
             std::vector<int32_t>(m.advance().append().begin(), m.advance().append().end()),
-            m.advance().gamma());
+            m.advance().gamma(), std::move(*hidden));
         break;
+      }
       case v1::DraftClientMessage::kClose:
         engine_->Close(stream_id_, m.session());
         break;
@@ -139,6 +171,7 @@ grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* c
   info->set_vocab_size(config.vocab_size);
   info->set_version(VersionString());
   info->set_worker_id(options_.worker_id);
+  for (int32_t layer : engine_->options().hidden_layers) info->add_hidden_layers(layer);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -9,7 +9,11 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/cleanup/cleanup.h"
 #include "kernels/cpu/gemm.h"
+#include "services/common/engine_metrics.h"
+#include "services/common/metrics.h"
+#include "services/common/registry_publisher.h"
 #include "services/common/server.h"
 #include "services/drafter/drafter_service.h"
 #include "worker/engine/draft_engine.h"
@@ -24,8 +28,9 @@ std::string ModelId(const std::string& dir) {
   return path.filename().string();
 }
 
-int Run(const std::string& model_dir, const tandem::DraftEngineOptions& engine_options, int threads,
-        const tandem::ServerFlags& server_flags) {
+int Run(const std::string& model_dir, tandem::DraftEngineOptions engine_options, int threads,
+        const tandem::ServerFlags& server_flags, const tandem::MetricsFlags& metrics_flags,
+        const tandem::RegistryFlags& registry_flags) {
   if (threads > 0) omp_set_num_threads(threads);
   tandem::kernels::cpu::SetBlasThreads(threads);
   absl::StatusOr<std::unique_ptr<tandem::Transformer>> model = tandem::Transformer::Load(model_dir);
@@ -34,21 +39,73 @@ int Run(const std::string& model_dir, const tandem::DraftEngineOptions& engine_o
                  model.status().ToString().c_str());
     return 1;
   }
+  // Created before the engine, which reports its steps to it, and outliving it.
+  tandem::ServiceMetrics metrics(tandem::MetricsRole::kDrafter);
+  tandem::EngineMetricsObserver observer(&metrics);
+  engine_options.observer = &observer;
   absl::StatusOr<std::unique_ptr<tandem::DraftEngine>> engine =
       tandem::DraftEngine::Create(model->get(), engine_options);
   if (!engine.ok()) {
     std::fprintf(stderr, "tandem-drafter: %s\n", engine.status().ToString().c_str());
     return 1;
   }
-  tandem::DrafterService service(engine->get(), {.model_id = ModelId(model_dir),
-                                                 .worker_id = tandem::MakeWorkerId("drafter")});
+  // Scrapes run one at a time, so the hook may remember the forwards counted so far.
+  metrics.SetScrapeHook(
+      [engine = engine->get(), counted = int64_t{0}](tandem::ServiceMetrics& m) mutable {
+        const tandem::DraftEngineStats stats = engine->Stats();
+        m.SetDrafterSessions(stats.sessions);
+        m.SetKvUsageRatio(stats.kv_usage_ratio);
+        m.AddDrafterForwards(stats.forwards - counted);
+        counted = stats.forwards;
+      });
+  // The hook reads the engine: off before it goes.
+  absl::Cleanup hook_off = [&metrics] { metrics.SetScrapeHook(nullptr); };
+  if (!metrics_flags.listen.empty()) {
+    absl::StatusOr<std::string> address = metrics.Serve(metrics_flags.listen);
+    if (!address.ok()) {
+      std::fprintf(stderr, "tandem-drafter: %s\n", address.status().ToString().c_str());
+      return 1;
+    }
+    tandem::AnnounceMetrics("tandem-drafter", *address);
+  }
+  const std::string worker_id = tandem::MakeWorkerId("drafter");
+  tandem::DrafterService service(engine->get(),
+                                 {.model_id = ModelId(model_dir), .worker_id = worker_id});
   absl::StatusOr<tandem::RunningServer> server = tandem::StartServer(server_flags, {&service});
   if (!server.ok()) {
     std::fprintf(stderr, "tandem-drafter: %s\n", server.status().ToString().c_str());
     return 1;
   }
   tandem::AnnounceListening("tandem-drafter", server->address);
+  std::unique_ptr<tandem::RegistryPublisher> registration;
+  if (!registry_flags.redis.empty()) {
+    const std::string advertise =
+        registry_flags.advertise.empty() ? server->address : registry_flags.advertise;
+    auto publisher = tandem::RegistryPublisher::Create(
+        {.redis = registry_flags.redis,
+         .snapshot =
+             [worker_id, advertise, model = ModelId(model_dir), engine = engine->get()] {
+               const tandem::DraftEngineStats stats = engine->Stats();
+               return tandem::router::WorkerRecord{
+                   .role = "drafter",
+                   .worker_id = worker_id,
+                   .address = advertise,
+                   .model = model,
+                   .modes = {"ar"},
+                   .max_context = engine->model_config().max_position_embeddings,
+                   .running = stats.sessions,
+                   .kv_usage_ratio = stats.kv_usage_ratio};
+             },
+         .log_name = "tandem-drafter"});
+    if (!publisher.ok()) {
+      std::fprintf(stderr, "tandem-drafter: %s\n", publisher.status().ToString().c_str());
+      return 1;
+    }
+    registration = *std::move(publisher);
+    registration->Start();
+  }
   tandem::WaitForShutdownSignal();
+  if (registration) registration->Stop();
   service.SetDraining();
   tandem::SetNotServing(*server->server);
   // Drafts are only proposals: open streams are cancelled rather than waited for (their
@@ -82,10 +139,20 @@ int main(int argc, char** argv) {
                  "Token budget of one batched forward")
       ->envname("TANDEM_DRAFTER_MAX_BATCH_TOKENS")
       ->capture_default_str();
+  app.add_option("--hidden-layers", engine_options.hidden_layers,
+                 "Target layers (comma-separated, e.g. 1,3) whose hidden states verifiers send "
+                 "with every final token, for drafters conditioned on them (DFlash-style). The "
+                 "AR draft model ignores them: set this only to test the transport")
+      ->envname("TANDEM_DRAFTER_HIDDEN_LAYERS")
+      ->delimiter(',');
   app.add_option("--threads", threads, "CPU threads (OpenMP and matrix products); 0 = all cores")
       ->envname("TANDEM_DRAFTER_THREADS")
       ->capture_default_str();
   tandem::AddServerFlags(app, &server_flags, "TANDEM_DRAFTER");
+  tandem::MetricsFlags metrics_flags;
+  tandem::AddMetricsFlags(app, &metrics_flags, "TANDEM_DRAFTER");
+  tandem::RegistryFlags registry_flags;
+  tandem::AddRegistryFlags(app, &registry_flags, "TANDEM_DRAFTER");
   CLI11_PARSE(app, argc, argv);
-  return Run(model_dir, engine_options, threads, server_flags);
+  return Run(model_dir, engine_options, threads, server_flags, metrics_flags, registry_flags);
 }

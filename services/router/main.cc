@@ -6,12 +6,18 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/cleanup/cleanup.h"
 #include "absl/time/time.h"
+#include "router/registry.h"
 #include "router/verifier_pool.h"
+#include "services/common/metrics.h"
 #include "services/common/server.h"
+#include "services/router/http_front.h"
+#include "services/router/registry_watcher.h"
 #include "services/router/request_decode.h"
 #include "services/router/router_service.h"
 #include "services/router/verifier_monitor.h"
+#include "services/router/verifier_stubs.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem-router: admits generation requests and relays them to the verifiers"};
@@ -19,10 +25,15 @@ int main(int argc, char** argv) {
   tandem::RouterOptions options;
   tandem::ServerFlags server_flags;
   tandem::ClientTlsFlags client_tls;
-  app.add_option("--verifier", verifiers, "Verifier address host:port (repeatable)")
+  std::string redis;
+  app.add_option("--verifier", verifiers,
+                 "Verifier address host:port (repeatable; --redis finds more)")
       ->envname("TANDEM_ROUTER_VERIFIERS")
-      ->delimiter(',')
-      ->required();
+      ->delimiter(',');
+  app.add_option("--redis", redis,
+                 "Redis HOST:PORT of the worker registry: verifiers and drafters found there join "
+                 "the --verifier ones (empty = off)")
+      ->envname("TANDEM_REDIS");
   app.add_option("--drafter", options.drafter,
                  "Drafter address host:port the verifiers use for `spec` (default: their own)")
       ->envname("TANDEM_ROUTER_DRAFTER");
@@ -31,26 +42,56 @@ int main(int argc, char** argv) {
       ->envname("TANDEM_ROUTER_MAX_QUEUE")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-migrations", options.max_migrations,
+                 "Times one stream may move to another verifier when its verifier fails")
+      ->envname("TANDEM_ROUTER_MAX_MIGRATIONS")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   tandem::AddServerFlags(app, &server_flags, "TANDEM_ROUTER");
   tandem::AddClientTlsFlags(app, &client_tls, "TANDEM_ROUTER");
+  tandem::MetricsFlags metrics_flags;
+  tandem::AddMetricsFlags(app, &metrics_flags, "TANDEM_ROUTER");
+  std::string http_listen;
+  std::vector<std::string> api_keys;
+  app.add_option("--http-listen", http_listen,
+                 "OpenAI-compatible HTTP API on host:port (port 0: chosen by the OS; empty: off)")
+      ->envname("TANDEM_ROUTER_HTTP_LISTEN");
+  app.add_option("--api-key", api_keys,
+                 "Require 'Bearer KEY' from clients, HTTP and gRPC (repeatable; /health and "
+                 "/ready stay open)")
+      ->envname("TANDEM_ROUTER_API_KEYS")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  options.api_keys = tandem::ApiKeys(api_keys);
 
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<tandem::v1::Verifier::Stub>> stubs;
-  std::vector<tandem::v1::Verifier::Stub*> stub_ptrs;
-  for (const std::string& address : verifiers) {
-    auto channel = tandem::MakeChannel(address, client_tls);
-    if (!channel.ok()) {
-      std::fprintf(stderr, "tandem-router: verifier %s: %s\n", address.c_str(),
-                   channel.status().ToString().c_str());
-      return 1;
-    }
-    channels.push_back(*channel);
-    stubs.push_back(tandem::v1::Verifier::NewStub(*channel));
-    stub_ptrs.push_back(stubs.back().get());
+  if (verifiers.empty() && redis.empty()) {
+    std::fprintf(stderr,
+                 "tandem-router: name verifiers with --verifier, or a registry with --redis\n");
+    return 1;
   }
   tandem::router::VerifierPool pool(verifiers);
-  tandem::VerifierMonitor monitor(&pool, stub_ptrs);
+  tandem::VerifierStubs stubs(&pool, [&client_tls](const std::string& address) {
+    return tandem::MakeChannel(address, client_tls);
+  });
+  for (size_t i = 0; i < verifiers.size(); ++i) {
+    if (stubs.Get(i) == nullptr) return 1;  // the error is printed
+  }
+  // Before the monitor's first poll, so that registered verifiers are in it.
+  tandem::router::RegistryView registry(&pool);
+  std::unique_ptr<tandem::RegistryWatcher> watcher;
+  if (!redis.empty()) {
+    auto created = tandem::RegistryWatcher::Create(redis, &registry);
+    if (!created.ok()) {
+      std::fprintf(stderr, "tandem-router: %s\n", created.status().ToString().c_str());
+      return 1;
+    }
+    watcher = *std::move(created);
+    watcher->Start();
+    if (options.drafter.empty()) {
+      options.pick_drafter = [&registry] { return registry.PickDrafter(); };
+    }
+  }
+  tandem::VerifierMonitor monitor(&pool, &stubs);
   // Verifiers started alongside the router may still be loading their model.
   monitor.Start(absl::Seconds(10));
   if (pool.Models().empty()) {
@@ -63,11 +104,63 @@ int main(int argc, char** argv) {
   // RESOURCE_EXHAUSTED; a higher limit lets the router answer requests between its own limit
   // and this one with INVALID_ARGUMENT (request_decode.h). Beyond it, gRPC's answer stands.
   server_flags.max_receive_message_bytes = 4 * static_cast<int>(tandem::kMaxGenerateRequestBytes);
-  tandem::RouterService service(&pool, stub_ptrs, options);
+  // Outlives the service, whose calls record in it.
+  tandem::ServiceMetrics metrics(tandem::MetricsRole::kRouter);
+  options.metrics = &metrics;
+  tandem::RouterService service(&pool, &stubs, options);
+  // Scrapes run one at a time, so the hook may remember the migrations counted so far.
+  metrics.SetScrapeHook(
+      [&pool, &service, counted = uint64_t{0}](tandem::ServiceMetrics& m) mutable {
+        m.SetQueueDepth(0);  // admitted calls go to a verifier at once or fail: none wait
+        m.SetRunningSequences(service.in_flight());
+        for (size_t i = 0; i < pool.size(); ++i) {
+          m.SetWorkerUp(pool.address(i), "verifier", pool.Healthy(i) && !pool.Retired(i));
+        }
+        const uint64_t migrations = service.migrations();
+        for (; counted < migrations; ++counted) m.AddMigration("verifier_failed");
+      });
+  // The hook reads the service and the pool: off before they go.
+  absl::Cleanup hook_off = [&metrics] { metrics.SetScrapeHook(nullptr); };
+  if (!metrics_flags.listen.empty()) {
+    absl::StatusOr<std::string> address = metrics.Serve(metrics_flags.listen);
+    if (!address.ok()) {
+      std::fprintf(stderr, "tandem-router: %s\n", address.status().ToString().c_str());
+      return 1;
+    }
+    tandem::AnnounceMetrics("tandem-router", *address);
+  }
   auto server = tandem::StartServer(server_flags, {&service});
   if (!server.ok()) {
     std::fprintf(stderr, "tandem-router: %s\n", server.status().ToString().c_str());
     return 1;
+  }
+  std::unique_ptr<tandem::HttpFront> http;
+  if (!http_listen.empty()) {
+    tandem::HttpFrontOptions http_options{
+        .listen = http_listen,
+        .api_keys = options.api_keys,
+        .ready =
+            [&pool] {
+              for (size_t i = 0; i < pool.size(); ++i) {
+                if (pool.Healthy(i)) return true;
+              }
+              return false;
+            },
+        // Enough threads for every admitted stream: the admission bound, not the HTTP thread
+        // pool, decides when clients are turned away.
+        .threads = options.max_in_flight + 8,
+    };
+    // HTTP requests take the gRPC clients' path: the same service, in process.
+    auto front = tandem::HttpFront::Start(
+        std::move(http_options), server->server->InProcessChannel(grpc::ChannelArguments()));
+    if (!front.ok()) {
+      std::fprintf(stderr, "tandem-router: %s\n", front.status().ToString().c_str());
+      return 1;
+    }
+    http = std::move(*front);
+    // Before the "listening on" line, which tells the parent the router is ready.
+    std::printf("tandem-router http on %s\n", http->address().c_str());
+    std::fflush(stdout);
   }
   tandem::AnnounceListening("tandem-router", server->address);
   const int signo = tandem::WaitForShutdownSignal();
@@ -75,6 +168,9 @@ int main(int argc, char** argv) {
   tandem::SetNotServing(*server->server);
   // In-flight streams get a few seconds to finish; then they are cancelled (upstream too).
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // The streams' handlers have returned or are returning with the calls' ends.
+  if (http) http->Stop();
   monitor.Stop();
+  if (watcher) watcher->Stop();
   return 0;
 }

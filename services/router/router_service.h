@@ -5,6 +5,13 @@
 // client slows its verifier stream instead of filling the router's memory. Cancellation and the
 // client's deadline carry over to the upstream call; upstream errors come back with their code.
 //
+// Migration: the router keeps the completion tokens each call has streamed. When its verifier's
+// stream breaks (UNAVAILABLE, ABORTED, INTERNAL, CANCELLED that the client did not ask for, or a
+// verifier that began draining) before the last message, the call goes to another healthy
+// verifier with those tokens as VerifyRequest.committed_token_ids and the same seed (the router
+// sets one when the client gave none), and the client's stream continues where it stopped: no
+// gap, no duplicate. After `max_migrations` such moves the error reaches the client.
+//
 // Generate is registered raw (bytes in, bytes out) so that the router parses the request itself
 // and can answer INVALID_ARGUMENT for invalid UTF-8 and oversized requests (request_decode.h).
 //
@@ -13,11 +20,18 @@
 // ever waits.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "router/admission.h"
 #include "router/verifier_pool.h"
+#include "services/common/metrics.h"
+#include "services/router/api_keys.h"
+#include "services/router/verifier_stubs.h"
 #include "tandem/v1/generate.grpc.pb.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 
@@ -26,6 +40,14 @@ namespace tandem {
 struct RouterOptions {
   std::string drafter;  // drafter address sent to verifiers (VerifyRequest.drafter); "" = theirs
   int max_in_flight = 256;  // Generate calls in flight at most; more are RESOURCE_EXHAUSTED
+  int max_migrations = 3;   // times one call may move to another verifier; then its error stands
+  // When `drafter` is empty: a drafter address for each request (e.g. from the registry); "" =
+  // the verifier's own. Called on gRPC threads; must be thread-safe and must not block.
+  std::function<std::string()> pick_drafter;
+  // When enabled, Generation calls must carry `authorization: Bearer KEY` metadata.
+  ApiKeys api_keys;
+  // Request metrics and mode decisions (not owned; null = none). Must outlive every call.
+  ServiceMetrics* metrics = nullptr;
 };
 
 class RouterService final
@@ -36,6 +58,9 @@ class RouterService final
   // service and every call it started (shut the server down first).
   RouterService(router::VerifierPool* pool, std::vector<v1::Verifier::Stub*> stubs,
                 RouterOptions options);
+  // `stubs` grows with the pool (verifiers found through the registry); not owned, and must
+  // outlive the service and every call it started.
+  RouterService(router::VerifierPool* pool, VerifierStubs* stubs, RouterOptions options);
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
@@ -44,12 +69,18 @@ class RouterService final
                                        v1::ListModelsResponse* reply) override;
 
   int InFlightForTest() const { return admission_.in_flight(); }
+  // Generate calls admitted and not yet ended (any thread).
+  int in_flight() const { return admission_.in_flight(); }
+  // Streams moved to another verifier since the start (a counter for metrics; any thread).
+  uint64_t migrations() const { return migrations_.load(std::memory_order_relaxed); }
 
  private:
   router::VerifierPool* pool_;
-  std::vector<v1::Verifier::Stub*> stubs_;
+  std::unique_ptr<VerifierStubs> owned_stubs_;
+  VerifierStubs* stubs_;
   RouterOptions options_;
   router::AdmissionGate admission_;
+  std::atomic<uint64_t> migrations_{0};
 };
 
 }  // namespace tandem

@@ -40,7 +40,14 @@ struct Probe {
 
 VerifierMonitor::VerifierMonitor(router::VerifierPool* pool, std::vector<v1::Verifier::Stub*> stubs,
                                  absl::Duration period)
-    : pool_(pool), stubs_(std::move(stubs)), period_(period) {}
+    : pool_(pool),
+      owned_stubs_(std::make_unique<VerifierStubs>(std::move(stubs))),
+      stubs_(owned_stubs_.get()),
+      period_(period) {}
+
+VerifierMonitor::VerifierMonitor(router::VerifierPool* pool, VerifierStubs* stubs,
+                                 absl::Duration period)
+    : pool_(pool), stubs_(stubs), period_(period) {}
 
 VerifierMonitor::~VerifierMonitor() { Stop(); }
 
@@ -69,24 +76,32 @@ void VerifierMonitor::Loop() {
 }
 
 void VerifierMonitor::PollOnce(absl::Duration timeout, bool wait_for_ready) {
-  const size_t n = stubs_.size();
+  const size_t n = pool_->size();
   std::vector<Probe> probes(n);
+  // Retired entries (registrations that expired) and addresses without a channel are skipped.
+  std::vector<v1::Verifier::Stub*> stubs(n, nullptr);
+  std::vector<size_t> polled;
+  for (size_t i = 0; i < n; ++i) {
+    if (pool_->Retired(i)) continue;
+    stubs[i] = stubs_->Get(i);
+    if (stubs[i] != nullptr) polled.push_back(i);
+  }
   {
-    absl::BlockingCounter loads(static_cast<int>(n));
-    for (size_t i = 0; i < n; ++i) {
+    absl::BlockingCounter loads(static_cast<int>(polled.size()));
+    for (size_t i : polled) {
       Probe& probe = probes[i];
       probe.context.set_deadline(DeadlineIn(timeout));
       probe.context.set_wait_for_ready(wait_for_ready);
-      stubs_[i]->async()->GetLoad(&probe.context, &probe.load_request, &probe.load,
-                                  [&probe, &loads](grpc::Status status) {
-                                    probe.load_status = std::move(status);
-                                    loads.DecrementCount();
-                                  });
+      stubs[i]->async()->GetLoad(&probe.context, &probe.load_request, &probe.load,
+                                 [&probe, &loads](grpc::Status status) {
+                                   probe.load_status = std::move(status);
+                                   loads.DecrementCount();
+                                 });
     }
     loads.Wait();
   }
   int info_calls = 0;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i : polled) {
     Probe& probe = probes[i];
     // Info is fetched for a verifier never seen, one coming back up, and one whose process
     // changed behind the same address (a new worker id).
@@ -98,19 +113,19 @@ void VerifierMonitor::PollOnce(absl::Duration timeout, bool wait_for_ready) {
   }
   if (info_calls > 0) {
     absl::BlockingCounter infos(info_calls);
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i : polled) {
       Probe& probe = probes[i];
       if (!probe.want_info) continue;
       probe.info_context.set_deadline(DeadlineIn(timeout));
-      stubs_[i]->async()->GetInfo(&probe.info_context, &probe.info_request, &probe.info,
-                                  [&probe, &infos](grpc::Status status) {
-                                    probe.info_status = std::move(status);
-                                    infos.DecrementCount();
-                                  });
+      stubs[i]->async()->GetInfo(&probe.info_context, &probe.info_request, &probe.info,
+                                 [&probe, &infos](grpc::Status status) {
+                                   probe.info_status = std::move(status);
+                                   infos.DecrementCount();
+                                 });
     }
     infos.Wait();
   }
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i : polled) {
     Probe& probe = probes[i];
     if (probe.want_info) {
       if (probe.info_status.ok()) {

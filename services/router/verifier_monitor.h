@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "router/verifier_pool.h"
+#include "services/router/verifier_stubs.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 
 namespace tandem {
@@ -24,6 +25,10 @@ class VerifierMonitor {
   // `pool` and `stubs` (one per pool entry, same order) are not owned and must outlive the
   // monitor.
   VerifierMonitor(router::VerifierPool* pool, std::vector<v1::Verifier::Stub*> stubs,
+                  absl::Duration period = absl::Seconds(1));
+  // Polls every entry the pool has at each poll (it may grow), retired ones excepted. `stubs` is
+  // not owned and must outlive the monitor.
+  VerifierMonitor(router::VerifierPool* pool, VerifierStubs* stubs,
                   absl::Duration period = absl::Seconds(1));
   ~VerifierMonitor();  // Stop()s
 
@@ -39,7 +44,8 @@ class VerifierMonitor {
   void Loop();
 
   router::VerifierPool* pool_;
-  std::vector<v1::Verifier::Stub*> stubs_;
+  std::unique_ptr<VerifierStubs> owned_stubs_;
+  VerifierStubs* stubs_;
   const absl::Duration period_;
   std::thread thread_;
   absl::Mutex mu_;

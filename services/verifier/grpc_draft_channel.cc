@@ -1,6 +1,8 @@
 #include "services/verifier/grpc_draft_channel.h"
 
 #include <atomic>
+#include <bit>
+#include <chrono>
 #include <deque>
 #include <optional>
 #include <unordered_set>
@@ -37,6 +39,14 @@ struct GrpcDraftChannel::Core {
 
   // Serialises deliveries to `on_chain`, so a session's error chain is its last one.
   absl::Mutex delivery_mu;
+
+  // The drafter's GetInfo call, made once at creation.
+  grpc::ClientContext info_context;
+  v1::WorkerInfoRequest info_request;
+  v1::WorkerInfo info;
+  absl::Notification info_done;
+  mutable absl::Mutex info_mu;
+  std::vector<int32_t> hidden_layers ABSL_GUARDED_BY(info_mu);
 
   // Queues `message` (after `update` ran under the lock); returns the message to write now when
   // no write was in flight.
@@ -108,6 +118,24 @@ class GrpcDraftChannel::Stream final
   v1::DraftChain in_;
   v1::DraftClientMessage out_;  // the write in flight
 };
+
+namespace {
+
+constexpr auto kInfoDeadline = std::chrono::seconds(10);
+
+static_assert(std::endian::native == std::endian::little,
+              "hidden states travel as little-endian bf16 and are copied as they are");
+
+void ToWire(const HiddenRows& rows, v1::HiddenStates* wire) {
+  wire->set_num_layers(rows.layers);
+  wire->set_num_tokens(rows.tokens);
+  wire->set_hidden_size(rows.hidden_size);
+  wire->set_offset(rows.offset);
+  wire->set_bf16(reinterpret_cast<const char*>(rows.bf16.data()),
+                 rows.bf16.size() * sizeof(uint16_t));
+}
+
+}  // namespace
 
 absl::StatusOr<std::optional<v1::DraftClientMessage>> GrpcDraftChannel::Core::Enqueue(
     v1::DraftClientMessage message, const std::function<void()>& update) {
@@ -193,22 +221,38 @@ std::unique_ptr<GrpcDraftChannel> GrpcDraftChannel::Create(std::shared_ptr<grpc:
   core->stub = v1::Drafter::NewStub(std::move(channel));
   core->stream = new Stream(core);
   core->stream->Start();
+  core->info_context.set_deadline(std::chrono::system_clock::now() + kInfoDeadline);
+  // The destructor waits for the call to end, so the core outlives the callback.
+  Core* raw = core.get();
+  raw->stub->async()->GetInfo(&raw->info_context, &raw->info_request, &raw->info,
+                              [raw](grpc::Status status) {
+                                if (status.ok()) {
+                                  absl::MutexLock lock(&raw->info_mu);
+                                  raw->hidden_layers.assign(raw->info.hidden_layers().begin(),
+                                                            raw->info.hidden_layers().end());
+                                }
+                                raw->info_done.Notify();
+                              });
   return std::unique_ptr<GrpcDraftChannel>(new GrpcDraftChannel(std::move(core)));
 }
 
 GrpcDraftChannel::GrpcDraftChannel(std::shared_ptr<Core> core) : core_(std::move(core)) {}
 
 GrpcDraftChannel::~GrpcDraftChannel() {
+  core_->info_context.TryCancel();
   core_->Break("the channel was closed", /*quiet=*/true);
   core_->stream->ReleaseHold();
   core_->done.WaitForNotification();
+  core_->info_done.WaitForNotification();
 }
 
-absl::Status GrpcDraftChannel::Open(uint64_t session, std::span<const int32_t> tokens, int gamma) {
+absl::Status GrpcDraftChannel::Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
+                                    const HiddenRows& hidden) {
   v1::DraftClientMessage message;
   message.set_session(session);
   message.mutable_open()->mutable_tokens()->Add(tokens.begin(), tokens.end());
   message.mutable_open()->set_gamma(gamma);
+  if (!hidden.empty()) ToWire(hidden, message.mutable_open()->mutable_hidden());
   Core* core = core_.get();
   auto write = core->Enqueue(std::move(message), [core, session]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     core->open.insert(session);
@@ -219,12 +263,14 @@ absl::Status GrpcDraftChannel::Open(uint64_t session, std::span<const int32_t> t
 }
 
 absl::Status GrpcDraftChannel::Advance(uint64_t session, int offset,
-                                       std::span<const int32_t> append, int gamma) {
+                                       std::span<const int32_t> append, int gamma,
+                                       const HiddenRows& hidden) {
   v1::DraftClientMessage message;
   message.set_session(session);
   message.mutable_advance()->set_offset(offset);
   message.mutable_advance()->mutable_append()->Add(append.begin(), append.end());
   message.mutable_advance()->set_gamma(gamma);
+  if (!hidden.empty()) ToWire(hidden, message.mutable_advance()->mutable_hidden());
   auto write = core_->Enqueue(std::move(message), nullptr);
   if (!write.ok()) return write.status();
   if (*write) core_->stream->Write(std::move(**write));
@@ -243,6 +289,15 @@ void GrpcDraftChannel::Close(uint64_t session) {
 }
 
 bool GrpcDraftChannel::healthy() const { return core_->healthy; }
+
+std::vector<int32_t> GrpcDraftChannel::hidden_layers() const {
+  absl::MutexLock lock(&core_->info_mu);
+  return core_->hidden_layers;
+}
+
+bool GrpcDraftChannel::WaitForInfo(absl::Duration timeout) const {
+  return core_->info_done.WaitForNotificationWithTimeout(timeout);
+}
 
 DraftChannelFactory MakeGrpcDraftChannelFactory(ClientTlsFlags tls) {
   return [tls = std::move(tls)](const std::string& address, DraftChannel::ChainCallback on_chain)

@@ -6,6 +6,9 @@
 // than growing the queue). Chains read from the stream go to the ChainCallback on gRPC threads.
 // When the stream ends for any reason (drafter killed, network, queue overflow), healthy()
 // turns false for good and every open session receives one chain with an UNAVAILABLE error.
+// At creation the channel also asks the drafter (GetInfo, in the background) which target
+// layers' hidden states it wants; hidden_layers() is empty until the answer arrives (sessions
+// opened before then send none) and stays empty if it never does.
 //
 // Thread-safety: Open, Advance, Close and healthy() may be called from any thread, but not
 // concurrently with the destructor. The destructor cancels the stream and waits for it to end
@@ -17,6 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "services/common/server.h"
 #include "worker/engine/draft_channel.h"
@@ -32,11 +36,17 @@ class GrpcDraftChannel final : public DraftChannel {
                                                   size_t max_queued = 4096);
   ~GrpcDraftChannel() override;
 
-  absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma) override;
-  absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append,
-                       int gamma) override;
+  using DraftChannel::Advance;
+  using DraftChannel::Open;
+  absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
+                    const HiddenRows& hidden) override;
+  absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append, int gamma,
+                       const HiddenRows& hidden) override;
   void Close(uint64_t session) override;
   bool healthy() const override;
+  std::vector<int32_t> hidden_layers() const override;
+  // Waits up to `timeout` for the drafter's GetInfo answer (or its failure); true once it came.
+  bool WaitForInfo(absl::Duration timeout) const;
 
  private:
   class Stream;

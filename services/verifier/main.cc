@@ -6,13 +6,18 @@
 #include <random>
 
 #include "CLI/CLI.hpp"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/version.h"
 #include "kernels/cpu/gemm.h"
+#include "services/common/engine_metrics.h"
+#include "services/common/metrics.h"
+#include "services/common/registry_publisher.h"
 #include "services/common/server.h"
 #include "services/verifier/grpc_draft_channel.h"
 #include "services/verifier/verifier_service.h"
+#include "worker/decoding/modes.h"
 #include "worker/engine/engine.h"
 
 namespace {
@@ -32,6 +37,8 @@ struct Flags {
   int drain_seconds = 30;
   tandem::ServerFlags server;
   tandem::ClientTlsFlags client_tls;
+  tandem::MetricsFlags metrics;
+  tandem::RegistryFlags registry;
 };
 
 std::string RandomWorkerId() {
@@ -46,7 +53,11 @@ int Run(const Flags& flags) {
     return 1;
   }
   tandem::kernels::cpu::SetBlasThreads(flags.threads);
+  // Created before the engine, which reports to it, and outliving it.
+  tandem::ServiceMetrics metrics(tandem::MetricsRole::kVerifier);
+  tandem::EngineMetricsObserver observer(&metrics);
   tandem::EngineOptions options;
+  options.observer = &observer;
   options.kv_tokens = flags.kv_tokens;
   options.max_batch_tokens = flags.max_batch_tokens;
   options.max_running = flags.max_running;
@@ -69,15 +80,62 @@ int Run(const Flags& flags) {
     identity.model_id =
         std::filesystem::path(flags.model).lexically_normal().parent_path().filename().string();
   }
-  tandem::VerifierService service(engine->get(), identity, options.mode_defaults);
+  tandem::VerifierService service(engine->get(), identity, options.mode_defaults, &metrics);
+  metrics.SetScrapeHook([engine = engine->get()](tandem::ServiceMetrics& m) {
+    const tandem::EngineLoad load = engine->Load();
+    m.SetQueueDepth(load.queued);
+    m.SetRunningSequences(load.running);
+    m.SetKvUsageRatio(load.kv_usage_ratio);
+  });
+  // The hook reads the engine: off before it goes.
+  absl::Cleanup hook_off = [&metrics] { metrics.SetScrapeHook(nullptr); };
+  if (!flags.metrics.listen.empty()) {
+    absl::StatusOr<std::string> address = metrics.Serve(flags.metrics.listen);
+    if (!address.ok()) {
+      std::cerr << "tandem-verifier: " << address.status().message() << "\n";
+      return 1;
+    }
+    tandem::AnnounceMetrics("tandem-verifier", *address);
+  }
   absl::StatusOr<tandem::RunningServer> server = tandem::StartServer(flags.server, {&service});
   if (!server.ok()) {
     std::cerr << "tandem-verifier: " << server.status().message() << "\n";
     return 1;
   }
   tandem::AnnounceListening("tandem-verifier", server->address);
+  std::unique_ptr<tandem::RegistryPublisher> registration;
+  if (!flags.registry.redis.empty()) {
+    const std::string advertise =
+        flags.registry.advertise.empty() ? server->address : flags.registry.advertise;
+    auto publisher = tandem::RegistryPublisher::Create(
+        {.redis = flags.registry.redis,
+         .snapshot =
+             [identity, advertise, engine = engine->get(),
+              max_context = model->model->config().max_position_embeddings] {
+               const tandem::EngineLoad load = engine->Load();
+               return tandem::router::WorkerRecord{.role = "verifier",
+                                                   .worker_id = identity.worker_id,
+                                                   .address = advertise,
+                                                   .model = identity.model_id,
+                                                   .modes = tandem::ImplementedModes(),
+                                                   .max_context = max_context,
+                                                   .running = load.running,
+                                                   .queued = load.queued,
+                                                   .kv_usage_ratio = load.kv_usage_ratio,
+                                                   .draining = load.draining};
+             },
+         .log_name = "tandem-verifier"});
+    if (!publisher.ok()) {
+      std::cerr << "tandem-verifier: " << publisher.status().message() << "\n";
+      return 1;
+    }
+    registration = *std::move(publisher);
+    registration->Start();
+  }
   const int signo = tandem::WaitForShutdownSignal();
   std::cerr << "tandem-verifier: signal " << signo << ", draining\n";
+  // Routers stop sending work as soon as the registration is gone.
+  if (registration) registration->Stop();
   // Stop admitting, let running sequences finish (up to --drain-seconds), then stop.
   tandem::SetNotServing(*server->server);
   (*engine)->Drain();
@@ -88,6 +146,7 @@ int Run(const Flags& flags) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  std::move(hook_off).Invoke();
   engine->reset();
   return 0;
 }
@@ -140,6 +199,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   tandem::AddServerFlags(app, &flags.server, "TANDEM_VERIFIER");
   tandem::AddClientTlsFlags(app, &flags.client_tls, "TANDEM_VERIFIER");
+  tandem::AddMetricsFlags(app, &flags.metrics, "TANDEM_VERIFIER");
+  tandem::AddRegistryFlags(app, &flags.registry, "TANDEM_VERIFIER");
   CLI11_PARSE(app, argc, argv);
   return Run(flags);
 }

@@ -53,6 +53,8 @@ class GenerateReactor;
 // after the stream is gone are dropped.
 class StreamSink final : public SequenceSink {
  public:
+  StreamSink(ServiceMetrics* metrics, std::string mode) : recorder_(metrics, std::move(mode)) {}
+
   void Attach(GenerateReactor* reactor) {
     absl::MutexLock lock(&mu_);
     reactor_ = reactor;
@@ -83,6 +85,7 @@ class StreamSink final : public SequenceSink {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+  RequestRecorder recorder_ ABSL_GUARDED_BY(mu_);
 };
 
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
@@ -121,6 +124,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
 void StreamSink::OnEvent(SequenceEvent event) {
   absl::MutexLock lock(&mu_);
+  recorder_.set_mode(event.mode);
+  recorder_.OnChunk(static_cast<int>(event.tokens.size()));
+  if (!event.error.ok()) {
+    recorder_.Finish(event.error.code(), event.usage.forwards);
+  } else if (event.finish != FinishReason::kNone) {
+    recorder_.Finish(event.finish == FinishReason::kCancelled ? absl::StatusCode::kCancelled
+                                                              : absl::StatusCode::kOk,
+                     event.usage.forwards);
+  }
   if (reactor_ == nullptr || ended_) return;
   if (broken_) {
     ended_ = event.finish != FinishReason::kNone || !event.error.ok();
@@ -171,6 +183,20 @@ void StreamSink::Pump() {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
+
+namespace {
+
+// The mode label of a request the engine has not resolved yet: a name this build implements,
+// "auto", or "unknown" (a client's arbitrary string must not become a label value).
+std::string RequestedModeLabel(const std::string& mode) {
+  if (mode.empty() || mode == "auto") return "auto";
+  for (const std::string& known : ImplementedModes()) {
+    if (mode == known) return mode;
+  }
+  return "unknown";
+}
+
+}  // namespace
 
 absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verify,
                                                   const VerifierIdentity& identity,
@@ -275,22 +301,28 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
 }
 
 VerifierService::VerifierService(Engine* engine, VerifierIdentity identity,
-                                 ModeOptions mode_defaults)
-    : engine_(engine), identity_(std::move(identity)), mode_defaults_(mode_defaults) {}
+                                 ModeOptions mode_defaults, ServiceMetrics* metrics)
+    : engine_(engine),
+      identity_(std::move(identity)),
+      mode_defaults_(mode_defaults),
+      metrics_(metrics) {}
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* VerifierService::Generate(
     grpc::CallbackServerContext* context, const v1::VerifyRequest* request) {
-  auto sink = std::make_shared<StreamSink>();
+  const std::string mode = RequestedModeLabel(request->request().mode());
+  auto sink = std::make_shared<StreamSink>(metrics_, mode);
   auto* reactor = new GenerateReactor(engine_, sink);
   absl::StatusOr<SequenceRequest> native =
       ToSequenceRequest(*request, identity_, engine_->model().model->config(), mode_defaults_);
   if (!native.ok()) {
+    RequestRecorder(metrics_, mode).Finish(native.status().code());
     reactor->Finish(ToGrpcStatus(native.status()));
     return reactor;
   }
   native->deadline = ToAbslTime(context->deadline());
   absl::StatusOr<uint64_t> id = engine_->Submit(*std::move(native), sink);
   if (!id.ok()) {
+    RequestRecorder(metrics_, mode).Finish(id.status().code());
     reactor->Finish(ToGrpcStatus(id.status()));
     return reactor;
   }

@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "services/common/metrics.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 #include "worker/engine/engine.h"
 
@@ -29,8 +30,10 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& reque
 
 class VerifierService final : public v1::Verifier::CallbackService {
  public:
-  // `engine` is not owned and must outlive the service.
-  VerifierService(Engine* engine, VerifierIdentity identity, ModeOptions mode_defaults);
+  // `engine` and `metrics` (may be null: no request metrics) are not owned and must outlive
+  // the service.
+  VerifierService(Engine* engine, VerifierIdentity identity, ModeOptions mode_defaults,
+                  ServiceMetrics* metrics = nullptr);
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::VerifyRequest* request) override;
@@ -45,6 +48,7 @@ class VerifierService final : public v1::Verifier::CallbackService {
   Engine* engine_;
   VerifierIdentity identity_;
   ModeOptions mode_defaults_;
+  ServiceMetrics* metrics_;
 };
 
 // absl::Status -> grpc::Status with the same code and message.

@@ -112,7 +112,7 @@ def main():
             return 1
         lines += read_until(output, time.monotonic() + 2, lambda _: False)
         endpoints = sorted({m.group(1) for l in lines
-                            for m in [re.search(r"metrics on (\S+:\d+)", l)] if m})
+                            for m in [re.search(r"metrics(?: on |\s+http://)(\S+?:\d+)", l)] if m})
         if not endpoints:
             print("SKIP: tandem up announces no metrics endpoints yet")
             return SKIP

@@ -43,13 +43,17 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
                                        "--listen", "127.0.0.1:0"};
   std::vector<std::string> router = {BinaryPath("router", "tandem-router"), "--listen",
                                      "127.0.0.1:0"};
+  std::vector<std::string> drafter = {BinaryPath("drafter", "tandem-drafter"), "--model", model,
+                                      "--listen", "127.0.0.1:0"};
+  if (options.metrics) {
+    for (auto* argv : {&verifier, &router, &drafter}) {
+      argv->insert(argv->end(), {"--metrics-listen", "127.0.0.1:0"});
+    }
+  }
   if (options.drafter) {
-    auto drafter = StartService(
-        "drafter",
-        {BinaryPath("drafter", "tandem-drafter"), "--model", model, "--listen", "127.0.0.1:0"},
-        &cluster->drafter_address_);
-    if (!drafter.ok()) return drafter.status();
-    cluster->drafter_ = std::move(*drafter);
+    auto drafter_process = StartService("drafter", drafter, &cluster->drafter_address_);
+    if (!drafter_process.ok()) return drafter_process.status();
+    cluster->drafter_ = std::move(*drafter_process);
     verifier.insert(verifier.end(), {"--drafter", cluster->drafter_address_});
     router.insert(router.end(), {"--drafter", cluster->drafter_address_});
   }
@@ -60,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
   if (options.router_max_queue > 0) {
     router.insert(router.end(), {"--max-queue", std::to_string(options.router_max_queue)});
   }
+  router.insert(router.end(), options.router_flags.begin(), options.router_flags.end());
   auto router_process = StartService("router", router, &cluster->router_address_);
   if (!router_process.ok()) return router_process.status();
   cluster->router_ = std::move(*router_process);

@@ -28,6 +28,8 @@ std::string BinaryPath(const std::string& folder, const std::string& name);
 struct ClusterOptions {
   bool drafter = true;       // start a tandem-drafter and point the verifier and router at it
   int router_max_queue = 0;  // 0 = the router's default
+  bool metrics = false;      // every service serves /metrics on a port chosen by the OS
+  std::vector<std::string> router_flags;  // appended to the router's command line
 };
 
 class Cluster {
@@ -38,6 +40,8 @@ class Cluster {
   const std::string& verifier_address() const { return verifier_address_; }
   const std::string& drafter_address() const { return drafter_address_; }
   ChildProcess* drafter() { return drafter_.get(); }
+  ChildProcess* verifier() { return verifier_.get(); }
+  ChildProcess* router() { return router_.get(); }
   v1::Generation::Stub& generation() { return *generation_; }
 
   // Starts one more router in front of this cluster's verifier; its address.

@@ -4,6 +4,7 @@
 // here keeps gRPC out of worker/.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +27,31 @@ struct DraftChain {
   absl::Status error;
 };
 
+// Target hidden states of consecutive tokens of one session, for drafters conditioned on them
+// (DFlash-style): rows for sequence indices [offset, offset + tokens) of each requested layer,
+// in the order the drafter listed its layers. `tokens == 0` means none.
+struct HiddenRows {
+  int layers = 0;
+  int tokens = 0;
+  int hidden_size = 0;
+  int offset = 0;
+  std::vector<uint16_t> bf16;  // [layers, tokens, hidden_size] bfloat16 bits
+
+  bool empty() const { return tokens == 0; }
+};
+
+// fp32 -> bf16 with round-to-nearest-even (NaN stays a quiet NaN).
+inline uint16_t FloatToBf16(float value) {
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+inline float Bf16ToFloat(uint16_t value) {
+  return std::bit_cast<float>(static_cast<uint32_t>(value) << 16);
+}
+
 class DraftChannel {
  public:
   // Called from any thread, possibly after the channel's calls returned; must not block.
@@ -34,14 +60,27 @@ class DraftChannel {
   virtual ~DraftChannel() = default;
 
   // None of these block on the network. An error means the channel is broken; chains with an
-  // error follow for every open session.
-  virtual absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma) = 0;
+  // error follow for every open session. `hidden` carries the target's hidden states of the
+  // layers hidden_layers() names for tokens whose KV became final (see drafter.proto); it is
+  // empty unless the drafter asked for layers.
+  virtual absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
+                            const HiddenRows& hidden) = 0;
   virtual absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append,
-                               int gamma) = 0;
+                               int gamma, const HiddenRows& hidden) = 0;
+  absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma) {
+    return Open(session, tokens, gamma, HiddenRows{});
+  }
+  absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append, int gamma) {
+    return Advance(session, offset, append, gamma, HiddenRows{});
+  }
   virtual void Close(uint64_t session) = 0;
   // False once the channel is broken for good (the engine then opens a new one on the next
   // request that names this drafter).
   virtual bool healthy() const = 0;
+  // The target layers whose hidden states the drafter wants with every final token (each in
+  // [0, num_layers]: the residual stream after that many layers); empty = none, which is also
+  // the answer until the drafter has said. Callers read it once per session, at Open.
+  virtual std::vector<int32_t> hidden_layers() const { return {}; }
 };
 
 // Makes a channel to the drafter at `address`; `on_chain` receives every chain.

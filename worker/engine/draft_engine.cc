@@ -23,6 +23,7 @@ struct DraftEngine::Message {
   std::vector<int32_t> tokens;  // kOpen: the sequence; kAdvance: the appended tokens
   ChainSink sink;               // kAddStream
   absl::Status error;           // kReject
+  HiddenRows hidden;            // kOpen, kAdvance
 };
 
 struct DraftEngine::Session {
@@ -41,6 +42,8 @@ struct DraftEngine::Session {
   int sent_end = -1;
   int client_end = -1;      // end of the chain the verifier holds (-1: none)
   int64_t last_served = 0;  // step of the last forward it took part in
+  int hidden_rows = 0;      // tokens whose target hidden states arrived ([0, hidden_rows))
+  int hidden_size = 0;      // of those rows (0 until the first)
   bool in_batch = false;    // during Step only
 
   int chain_len() const { return static_cast<int>(tokens.size()) - final_len; }
@@ -70,10 +73,10 @@ class DraftEngine::Loop {
         RemoveStream(m.stream);
         break;
       case Message::Kind::kOpen:
-        Open(m.stream, m.session, std::move(m.tokens), m.gamma);
+        Open(m.stream, m.session, std::move(m.tokens), m.gamma, m.hidden);
         break;
       case Message::Kind::kAdvance:
-        Advance(m.stream, m.session, m.offset, m.tokens, m.gamma);
+        Advance(m.stream, m.session, m.offset, m.tokens, m.gamma, m.hidden);
         break;
       case Message::Kind::kClose:
         Erase(m.stream, m.session);
@@ -176,7 +179,50 @@ class DraftEngine::Loop {
     return absl::OkStatus();
   }
 
-  void Open(uint64_t stream, uint64_t id, std::vector<int32_t> tokens, int gamma) {
+  // Whether `hidden` may follow the session's rows so far (`rows` of width `hidden_size`) when
+  // it will hold `length` tokens.
+  absl::Status CheckHidden(uint64_t id, const HiddenRows& hidden, int rows, int hidden_size,
+                           int length) const {
+    if (hidden.tokens == 0 && hidden.layers == 0 && hidden.bf16.empty()) return absl::OkStatus();
+    const int want_layers = static_cast<int>(options_.hidden_layers.size());
+    if (want_layers == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("session ", id,
+                       " sent target hidden states, but this drafter asks for none (start it "
+                       "with --hidden-layers to take them)"));
+    }
+    if (hidden.layers != want_layers || hidden.tokens <= 0 || hidden.hidden_size <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id, " sent hidden states of ", hidden.layers, " layers x ", hidden.tokens,
+          " tokens x ", hidden.hidden_size, " values; this drafter asks for ", want_layers,
+          " layers and the other two must be positive"));
+    }
+    const int64_t values = int64_t{hidden.layers} * hidden.tokens * hidden.hidden_size;
+    if (static_cast<int64_t>(hidden.bf16.size()) != values) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id, " sent ", hidden.bf16.size(), " bf16 values for hidden states of shape [",
+          hidden.layers, ", ", hidden.tokens, ", ", hidden.hidden_size, "], which need ", values));
+    }
+    if (hidden_size != 0 && hidden.hidden_size != hidden_size) {
+      return absl::InvalidArgumentError(absl::StrCat("session ", id,
+                                                     " changed its hidden size from ", hidden_size,
+                                                     " to ", hidden.hidden_size));
+    }
+    if (hidden.offset != rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", id, " sent hidden states from token ", hidden.offset, " but has them for ",
+          rows, " tokens; runs must follow one another without gaps or repeats"));
+    }
+    if (int64_t{hidden.offset} + hidden.tokens > length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("session ", id, " sent hidden states up to token ",
+                       hidden.offset + hidden.tokens, " but has only ", length, " tokens"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Open(uint64_t stream, uint64_t id, std::vector<int32_t> tokens, int gamma,
+            const HiddenRows& hidden) {
     if (!sinks_.contains(stream)) return;  // the stream is gone
     if (sessions_.contains({stream, id})) {
       Fail(stream, id, 0,
@@ -199,6 +245,10 @@ class DraftEngine::Loop {
       Fail(stream, id, 0, s);
       return;
     }
+    if (absl::Status s = CheckHidden(id, hidden, 0, 0, static_cast<int>(tokens.size())); !s.ok()) {
+      Fail(stream, id, 0, s);
+      return;
+    }
     if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
       Fail(stream, id, 0,
            absl::ResourceExhaustedError(absl::StrCat(
@@ -212,12 +262,20 @@ class DraftEngine::Loop {
     s.gamma = gamma;
     s.tokens = std::move(tokens);
     s.final_len = static_cast<int>(s.tokens.size());
+    RecordHidden(s, hidden);
     ++stats_.sessions_opened;
     MaybeEmit(s);
   }
 
-  void Advance(uint64_t stream, uint64_t id, int offset, std::span<const int32_t> append,
-               int gamma) {
+  void RecordHidden(Session& s, const HiddenRows& hidden) {
+    if (hidden.tokens <= 0) return;
+    s.hidden_rows += hidden.tokens;
+    s.hidden_size = hidden.hidden_size;
+    stats_.hidden_rows += hidden.tokens;
+  }
+
+  void Advance(uint64_t stream, uint64_t id, int offset, std::span<const int32_t> append, int gamma,
+               const HiddenRows& hidden) {
     if (!sinks_.contains(stream)) return;
     auto it = sessions_.find({stream, id});
     if (it == sessions_.end()) {
@@ -245,6 +303,15 @@ class DraftEngine::Loop {
       Fail(stream, id, offset, st);
       return;
     }
+    if (absl::Status st = CheckHidden(id, hidden, s.hidden_rows, s.hidden_size,
+                                      s.final_len + static_cast<int>(append.size()));
+        !st.ok()) {
+      Fail(stream, id, offset, st);
+      return;
+    }
+    RecordHidden(s, hidden);
+    // Rows alone (the verifier's prefill) change nothing to draft from.
+    if (append.empty() && (gamma == 0 || gamma == s.gamma)) return;
     if (gamma > 0) s.gamma = gamma;
     const int n = static_cast<int>(append.size());
     int agree = 0;
@@ -408,6 +475,7 @@ void DraftEngine::Loop::Step() {
   stats_.batch_tokens_ewma = stats_.forwards == 1
                                  ? batch_tokens
                                  : (1 - kAlpha) * stats_.batch_tokens_ewma + kAlpha * batch_tokens;
+  if (options_.observer != nullptr) options_.observer->OnStep(seconds, batch_tokens);
   for (const Planned& p : planned) MaybeEmit(*p.s);
 }
 
@@ -431,6 +499,14 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(Transformer* mo
   if (options.max_batch_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max batch tokens must be >= 1, got ", options.max_batch_tokens));
+  }
+  for (size_t i = 0; i < options.hidden_layers.size(); ++i) {
+    const int32_t layer = options.hidden_layers[i];
+    if (layer < 0 || std::find(options.hidden_layers.begin(), options.hidden_layers.begin() + i,
+                               layer) != options.hidden_layers.begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hidden layers must be distinct target layer numbers >= 0, got ", layer, " at ", i));
+    }
   }
   return std::unique_ptr<DraftEngine>(new DraftEngine(model, options));
 }
@@ -469,22 +545,25 @@ void DraftEngine::RemoveStream(uint64_t stream) {
   Post(Message{.kind = Message::Kind::kRemoveStream, .stream = stream});
 }
 
-void DraftEngine::Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma) {
+void DraftEngine::Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma,
+                       HiddenRows hidden) {
   Post(Message{.kind = Message::Kind::kOpen,
                .stream = stream,
                .session = session,
                .gamma = gamma,
-               .tokens = std::move(tokens)});
+               .tokens = std::move(tokens),
+               .hidden = std::move(hidden)});
 }
 
 void DraftEngine::Advance(uint64_t stream, uint64_t session, int offset,
-                          std::vector<int32_t> append, int gamma) {
+                          std::vector<int32_t> append, int gamma, HiddenRows hidden) {
   Post(Message{.kind = Message::Kind::kAdvance,
                .stream = stream,
                .session = session,
                .offset = offset,
                .gamma = gamma,
-               .tokens = std::move(append)});
+               .tokens = std::move(append),
+               .hidden = std::move(hidden)});
 }
 
 void DraftEngine::Close(uint64_t stream, uint64_t session) {

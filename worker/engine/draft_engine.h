@@ -16,6 +16,13 @@
 // tokens that agree with the chain just make it final (their KV is reused); at the first
 // disagreement the KV is truncated to the agreeing prefix and drafting restarts there.
 //
+// Hidden states: when options.hidden_layers names target layers (the drafter's GetInfo
+// advertises them), verifiers send the target's hidden states of those layers for every final
+// token of a session, lagging the tokens (proto/tandem/v1/drafter.proto, HiddenStates). The
+// engine checks their shape and order (a malformed run ends the session with an error chain)
+// and counts them; the AR draft model does not use them (a drafter conditioned on them,
+// DFlash-style, will).
+//
 // Batching: sessions whose verifier waits for a chain go first, then the least recently
 // served, within a token budget per forward (long prefills are fed in chunks).
 //
@@ -39,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "worker/engine/actor_mailbox.h"
 #include "worker/engine/draft_channel.h"
+#include "worker/engine/engine_observer.h"
 #include "worker/model/transformer.h"
 
 namespace tandem {
@@ -48,6 +56,11 @@ struct DraftEngineOptions {
   int kv_block_size = 16;
   int max_sessions = 256;       // open sessions at most (all streams together)
   int max_batch_tokens = 2048;  // token budget of one batched forward (prefills are chunked)
+  // Told about each batched forward (OnStep) on the engine thread (metrics); not owned, may be
+  // null, must outlive the engine.
+  EngineObserver* observer = nullptr;
+  // Target layers whose hidden states verifiers are asked to send (see above); empty = none.
+  std::vector<int32_t> hidden_layers;
 };
 
 // A snapshot of the engine's counters.
@@ -62,6 +75,7 @@ struct DraftEngineStats {
   int64_t recomputed_tokens = 0;  // tokens fed again after their session's KV was evicted
   int64_t evictions = 0;          // sessions whose KV was dropped to make room
   int64_t chains = 0;             // chain messages published
+  int64_t hidden_rows = 0;        // token rows of target hidden states received (all sessions)
   double kv_usage_ratio = 0;
   int64_t kv_free_tokens = 0;
   double step_seconds_ewma = 0;
@@ -91,9 +105,12 @@ class DraftEngine {
   // Session messages (drafter.proto). Protocol errors (unknown or duplicate session, offset
   // mismatch, empty tokens, gamma < 1, tokens outside the vocabulary, too many sessions) end
   // the session with an error chain; they never affect other sessions.
-  void Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma);
+  // `hidden`: the rows that became final since the session's last message (none by default);
+  // a wrong shape, a gap or a repeat, or rows nobody asked for end the session.
+  void Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma,
+            HiddenRows hidden = {});
   void Advance(uint64_t stream, uint64_t session, int offset, std::vector<int32_t> append,
-               int gamma);
+               int gamma, HiddenRows hidden = {});
   void Close(uint64_t stream, uint64_t session);
   // Ends the session (open or not) with an error chain carrying `error`, in order with the
   // stream's other messages (for malformed messages caught before the engine).

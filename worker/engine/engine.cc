@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -67,6 +68,10 @@ struct EngineSequence {
   std::shared_ptr<DraftChannel> channel;
   bool session_open = false;
   absl::Time last_advance;
+  // Target layers whose hidden states the drafter gets (fixed at Open; empty = none), and how
+  // many leading tokens' states it has been sent (recomputed KV does not send them again).
+  std::vector<int32_t> hidden_layers;
+  int hidden_sent = 0;
 
   int budget() const { return max_new - generated; }
 };
@@ -114,9 +119,14 @@ class Engine::Impl {
   // One scheduled extend of this step.
   struct Planned {
     SeqPtr seq;
-    bool prefill = false;  // an engine-run prefill chunk: no outputs, the mode is not involved
+    bool prefill = false;     // an engine-run prefill chunk: no outputs, the mode is not involved
+    bool draft_step = false;  // a spec step that could verify drafts (for fallback metrics)
     DecodeState state;
     StepPlan plan;
+    // When the drafter gets hidden states from this extend: the mode's taps followed by the
+    // drafter's layers the mode does not tap, and where each drafter layer is among them.
+    std::vector<int32_t> taps;
+    std::vector<int> drafter_taps;
   };
 
   absl::StatusOr<std::unique_ptr<DecodingMode>> MakeMode(const std::string& name,
@@ -135,6 +145,9 @@ class Engine::Impl {
   void Finish(const SeqPtr& seq, FinishReason reason, absl::Status error,
               std::vector<int32_t> tokens = {}, std::string text = {});
   void DisableDrafting(EngineSequence& seq, absl::Status why);
+  void PlanHiddenTaps(Planned& p) const;
+  HiddenRows FinalHidden(EngineSequence& s, const Planned& p, const ExtendOutput& out,
+                         std::span<const int32_t> keep, int kv_before);
   DecodeState StateOf(const EngineSequence& seq) const;
   bool ModePlansNext(const EngineSequence& seq) const;
   void PublishLoad();
@@ -421,6 +434,20 @@ void Engine::Impl::OpenSessions(const std::vector<SeqPtr>& candidates) {
     seq->channel = channel;
     seq->session_open = true;
     seq->last_advance = absl::Now();
+    // Rows must start at the first token; a session opened later gets none.
+    if (seq->kv_len == 0) seq->hidden_layers = channel->hidden_layers();
+    const int num_layers = model_->model->config().num_layers;
+    for (int32_t layer : seq->hidden_layers) {
+      if (layer < 0 || layer > num_layers) {
+        seq->hidden_layers.clear();
+        seq->session_open = false;
+        DisableDrafting(*seq, absl::InvalidArgumentError(absl::StrCat(
+                                  "drafter at ", seq->drafter_address, " asks for hidden layer ",
+                                  layer, " but the target has layers 0..", num_layers)));
+        break;
+      }
+    }
+    if (!seq->session_open) continue;
     absl::Status opened = channel->Open(seq->id, seq->tokens, seq->gamma);
     if (!opened.ok()) DisableDrafting(*seq, opened);
   }
@@ -471,12 +498,64 @@ void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
   }
 }
 
+// Adds the drafter's layers to the extend's taps when it may make KV final for tokens whose
+// states the drafter has not had; nothing at all when the drafter wants none.
+void Engine::Impl::PlanHiddenTaps(Planned& p) const {
+  const EngineSequence& s = *p.seq;
+  if (s.hidden_layers.empty() || !s.session_open || !s.chain.enabled) return;
+  if (s.kv_len + static_cast<int>(p.plan.tokens.size()) <= s.hidden_sent) return;
+  p.taps = p.plan.hidden_layers;
+  for (int32_t layer : s.hidden_layers) {
+    auto it = std::find(p.taps.begin(), p.taps.end(), layer);
+    if (it == p.taps.end()) {
+      p.taps.push_back(layer);
+      it = p.taps.end() - 1;
+    }
+    p.drafter_taps.push_back(static_cast<int>(it - p.taps.begin()));
+  }
+}
+
+// The drafter's rows (bf16) of the tokens whose KV this extend made final (`keep`, from
+// sequence index `kv_before` on) and that it has not been sent yet; empty when none.
+HiddenRows Engine::Impl::FinalHidden(EngineSequence& s, const Planned& p, const ExtendOutput& out,
+                                     std::span<const int32_t> keep, int kv_before) {
+  HiddenRows rows;
+  if (p.taps.empty()) return rows;
+  const int first = std::max(kv_before, s.hidden_sent);
+  const int end = kv_before + static_cast<int>(keep.size());
+  if (end <= first) return rows;
+  const int n = static_cast<int>(p.plan.tokens.size());
+  const int hidden = model_->model->config().hidden_size;
+  if (out.hidden.size() != p.taps.size() * n * static_cast<size_t>(hidden)) {
+    DisableDrafting(s, absl::InternalError(absl::StrCat("the forward returned ", out.hidden.size(),
+                                                        " hidden values for ", p.taps.size(),
+                                                        " taps of ", n, " tokens (engine bug)")));
+    return rows;
+  }
+  rows.layers = static_cast<int>(p.drafter_taps.size());
+  rows.tokens = end - first;
+  rows.hidden_size = hidden;
+  rows.offset = first;
+  rows.bf16.resize(static_cast<size_t>(rows.layers) * rows.tokens * hidden);
+  uint16_t* dst = rows.bf16.data();
+  for (int tap : p.drafter_taps) {
+    for (int pos = first; pos < end; ++pos) {
+      const float* src =
+          out.hidden.data() + (static_cast<size_t>(tap) * n + keep[pos - kv_before]) * hidden;
+      for (int h = 0; h < hidden; ++h) *dst++ = FloatToBf16(src[h]);
+    }
+  }
+  s.hidden_sent = end;
+  return rows;
+}
+
 void Engine::Impl::Preempt(const SeqPtr& seq) {
   kv_.RemoveSequence(static_cast<SeqId>(seq->id));
   seq->resident = false;
   seq->kv_len = 0;
   ++seq->usage.preemptions;
   ++preemptions_;
+  if (options_.observer != nullptr) options_.observer->OnPreemption();
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   queue_.push_front(seq);
 }
@@ -511,6 +590,9 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
         p.plan.positions.push_back(seq->kv_len + i);
       }
     } else {
+      // A spec step that could verify drafts (the conditions under which WaitForChains waits).
+      p.draft_step = seq->spec && seq->gamma > 0 && seq->budget() >= 2 &&
+                     static_cast<int>(seq->tokens.size()) < context_;
       p.plan = seq->mode->Plan(p.state);
     }
     const int n = static_cast<int>(p.plan.tokens.size());
@@ -541,6 +623,7 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
     }
     if (!placed) continue;
     used += n;
+    PlanHiddenTaps(p);
     batch.push_back(std::move(p));
   }
   if (batch.empty()) return;
@@ -554,7 +637,9 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
                              .visible = p.plan.visible,
                              .outputs = p.plan.outputs,
                              .lora_gate = p.plan.lora_gate,
-                             .hidden_layers = p.plan.hidden_layers});
+                             .hidden_layers = p.taps.empty()
+                                                  ? std::span<const int32_t>(p.plan.hidden_layers)
+                                                  : std::span<const int32_t>(p.taps)});
   }
   std::vector<absl::StatusOr<ExtendOutput>> outputs;
   absl::StatusOr<std::vector<ExtendOutput>> all = model_->model->Forward(extends, kv_);
@@ -590,10 +675,29 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
         Finish(seq, FinishReason::kNone, committed);
         continue;
       }
+      const int kv_before = s.kv_len;
       s.kv_len += static_cast<int>(keep.size());
+      HiddenRows rows = FinalHidden(s, p, *outputs[b], keep, kv_before);
+      if (!rows.empty() && s.session_open && s.chain.enabled) {
+        absl::Status advanced =
+            s.channel->Advance(s.id, static_cast<int>(s.tokens.size()), {}, s.gamma, rows);
+        if (!advanced.ok()) DisableDrafting(s, advanced);
+      }
       continue;
     }
-    absl::StatusOr<StepResult> result = s.mode->Consume(p.state, p.plan, *outputs[b]);
+    // The mode sees exactly the taps it asked for.
+    const ExtendOutput* mode_out = &*outputs[b];
+    ExtendOutput view;
+    if (p.taps.size() > p.plan.hidden_layers.size()) {
+      const size_t mode_values = p.plan.hidden_layers.size() * p.plan.tokens.size() *
+                                 static_cast<size_t>(model_->model->config().hidden_size);
+      view.logits = std::move(outputs[b]->logits);
+      view.hidden.assign(outputs[b]->hidden.begin(),
+                         outputs[b]->hidden.begin() + static_cast<ptrdiff_t>(std::min(
+                                                          mode_values, outputs[b]->hidden.size())));
+      mode_out = &view;
+    }
+    absl::StatusOr<StepResult> result = s.mode->Consume(p.state, p.plan, *mode_out);
     absl::Status status =
         result.ok() ? CheckStep(p.state, p.plan, *result, s.mode_name) : result.status();
     if (status.ok() && static_cast<int>(result->append.size()) > s.budget()) {
@@ -606,9 +710,18 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
       Finish(seq, FinishReason::kNone, status);
       continue;
     }
+    const int kv_before = s.kv_len;
     s.kv_len += static_cast<int>(result->keep.size());
+    HiddenRows rows = FinalHidden(s, p, *outputs[b], result->keep, kv_before);
     s.usage.drafted += result->drafted;
     s.usage.accepted += result->accepted;
+    if (options_.observer != nullptr) {
+      if (result->drafted > 0) {
+        options_.observer->OnDraftVerified(s.mode_name, result->drafted, result->accepted);
+      } else if (p.draft_step) {
+        options_.observer->OnFallback(s.chain.enabled ? "late" : "drafter_down");
+      }
+    }
 
     const int offset = static_cast<int>(s.tokens.size());
     std::vector<int32_t> tokens;
@@ -644,9 +757,10 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
       Finish(seq, finish, absl::OkStatus(), std::move(tokens), std::move(text));
       continue;
     }
-    if (s.spec && s.session_open && s.chain.enabled && !tokens.empty()) {
-      absl::Status advanced = s.channel->Advance(s.id, offset, tokens, s.gamma);
-      s.last_advance = absl::Now();
+    if (s.spec && s.session_open && s.chain.enabled && (!tokens.empty() || !rows.empty())) {
+      absl::Status advanced = s.channel->Advance(s.id, offset, tokens, s.gamma, rows);
+      // Only new tokens restart the wait for a chain.
+      if (!tokens.empty()) s.last_advance = absl::Now();
       if (!advanced.ok()) DisableDrafting(s, advanced);
     }
     if (!tokens.empty() || !text.empty()) {
@@ -662,6 +776,7 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
   ++steps_;
   const double seconds = Seconds(absl::Now() - start);
   const auto batch_tokens = static_cast<double>(used);
+  if (options_.observer != nullptr) options_.observer->OnStep(seconds, used);
   if (steps_ == 1) {
     step_seconds_ewma_ = seconds;
     batch_tokens_ewma_ = batch_tokens;

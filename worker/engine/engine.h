@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "worker/decoding/modes.h"
 #include "worker/engine/draft_channel.h"
+#include "worker/engine/engine_observer.h"
 #include "worker/engine/local_generator.h"
 #include "worker/sampling/sampling.h"
 #include "worker/sampling/stop.h"
@@ -47,6 +48,9 @@ struct EngineOptions {
   // How long a `spec` sequence waits for its drafter's chain before it takes an AR step.
   absl::Duration draft_timeout = absl::Milliseconds(50);
   ModeOptions mode_defaults;
+  // Told about steps, drafts, fallbacks and preemptions on the engine thread (metrics); not
+  // owned, may be null, must outlive the engine.
+  EngineObserver* observer = nullptr;
 };
 
 struct SequenceRequest {

@@ -6,6 +6,7 @@
 #include "worker/engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -157,8 +158,10 @@ class EngineTest : public ::testing::Test {
                -> absl::StatusOr<std::unique_ptr<DraftChannel>> {
       if (address != kDrafter) return absl::NotFoundError("no such drafter");
       ++channels_made_;
-      return std::make_unique<InProcessDraftChannel>(&target(), 512, std::move(on_chain), failure_,
-                                                     chains_before_failure_);
+      auto channel = std::make_unique<InProcessDraftChannel>(
+          &target(), 512, std::move(on_chain), failure_, chains_before_failure_, hidden_layers_);
+      last_channel_ = channel.get();
+      return channel;
     };
   }
 
@@ -265,6 +268,8 @@ class EngineTest : public ::testing::Test {
   InProcessDraftChannel::Failure failure_ = InProcessDraftChannel::Failure::kNone;
   int chains_before_failure_ = 0;
   int channels_made_ = 0;
+  std::vector<int32_t> hidden_layers_;             // what channels made later ask for
+  InProcessDraftChannel* last_channel_ = nullptr;  // owned by the engine
 };
 
 LoadedModel* EngineTest::model_ = nullptr;
@@ -586,6 +591,188 @@ TEST_F(EngineTest, DestructorCancelsEverySequence) {
     EXPECT_EQ(sink->finish(), FinishReason::kCancelled);
     EXPECT_EQ(sink->after_done(), 0);
   }
+}
+
+// A drafter that asks for hidden layers receives, for every token of its session but the
+// newest, the target's hidden state of those layers exactly once and in order; they equal (to
+// bf16 rounding) one causal forward over the whole sequence, whatever chunking and preemption
+// the engine did, and the outputs stay exact.
+TEST_F(EngineTest, DrafterReceivesTheHiddenStatesOfEveryFinalToken) {
+  const std::vector<int32_t> layers = {1, 3};
+  hidden_layers_ = layers;
+  const int hidden = target().config().hidden_size;
+  struct Case {
+    std::string name;
+    EngineOptions options;
+    std::vector<std::string> modes;
+  };
+  std::vector<Case> cases(3);
+  cases[0].name = "plain";
+  cases[0].modes = {"spec", "ar"};
+  cases[1].name = "chunked prefill";
+  cases[1].options.prefill_chunk = 7;
+  cases[1].options.max_batch_tokens = 40;
+  cases[1].modes = {"spec", "ar"};
+  // Small slices too, so that sequences are preempted halfway through their prefill and
+  // recompute with other slice boundaries.
+  cases[2].name = "preemption";
+  cases[2].options.context = 128;
+  cases[2].options.kv_tokens = 128 + kEngineKvHeadroom;
+  cases[2].options.prefill_chunk = 5;
+  cases[2].options.max_batch_tokens = 48;
+  cases[2].modes = {"spec", "ar", "spec", "jacobi", "spec"};
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    c.options.draft_timeout = absl::Seconds(10);
+    auto engine = MakeEngine(c.options);
+    ASSERT_NE(engine, nullptr);
+    const std::vector<Job> jobs = Jobs(c.modes, 4);
+    const auto sinks = ExpectMatchesReference(*engine, jobs);
+    ASSERT_NE(last_channel_, nullptr);
+    const std::map<uint64_t, InProcessDraftChannel::Received> received = last_channel_->received();
+    int spec_jobs = 0;
+    int spec_preemptions = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (jobs[i].mode != "spec") continue;
+      ++spec_jobs;
+      spec_preemptions += sinks[i]->usage().preemptions;
+    }
+    ASSERT_EQ(static_cast<int>(received.size()), spec_jobs);
+    if (c.name == "preemption") {
+      EXPECT_GT(spec_preemptions, 0);
+    }
+    for (const auto& [session, r] : received) {
+      const std::string label = "session " + std::to_string(session);
+      // The session's tokens are a prompt and a prefix of its sequence's completion.
+      bool matched = false;
+      for (size_t i = 0; i < jobs.size() && !matched; ++i) {
+        if (jobs[i].mode != "spec") continue;
+        std::vector<int32_t> all = (*prompts_)[jobs[i].prompt];
+        const std::vector<int32_t> completion = sinks[i]->tokens();
+        all.insert(all.end(), completion.begin(), completion.end());
+        matched = r.tokens.size() > (*prompts_)[jobs[i].prompt].size() &&
+                  r.tokens.size() <= all.size() &&
+                  std::equal(r.tokens.begin(), r.tokens.end(), all.begin());
+      }
+      EXPECT_TRUE(matched) << label;
+      const int n = static_cast<int>(r.tokens.size());
+      int next = 0;
+      for (const HiddenRows& rows : r.hidden) {
+        ASSERT_EQ(rows.offset, next) << label;  // no gap, no duplicate
+        ASSERT_EQ(rows.layers, static_cast<int>(layers.size())) << label;
+        ASSERT_EQ(rows.hidden_size, hidden) << label;
+        ASSERT_GT(rows.tokens, 0) << label;
+        ASSERT_EQ(rows.bf16.size(), layers.size() * rows.tokens * hidden) << label;
+        next += rows.tokens;
+      }
+      // Every token but the newest, whose KV the next step would have computed.
+      ASSERT_EQ(next, n - 1) << label;
+
+      KvCache kv(target().KvOptions(n + 16));
+      ASSERT_TRUE(kv.AddSequence(1).ok());
+      ASSERT_TRUE(kv.Reserve(1, n).has_value());
+      std::vector<int32_t> positions(n);
+      for (int i = 0; i < n; ++i) positions[i] = i;
+      const int32_t last = n - 1;
+      Extend extend{.seq = 1,
+                    .tokens = r.tokens,
+                    .positions = positions,
+                    .visible = Visibility::Causal(),
+                    .outputs = {&last, 1},
+                    .hidden_layers = layers};
+      absl::StatusOr<std::vector<ExtendOutput>> full = target().Forward({&extend, 1}, kv);
+      ASSERT_TRUE(full.ok()) << full.status();
+      const std::vector<float>& want = (*full)[0].hidden;
+      ASSERT_EQ(want.size(), layers.size() * n * hidden);
+      double worst = 0;
+      for (const HiddenRows& rows : r.hidden) {
+        for (int l = 0; l < rows.layers; ++l) {
+          for (int t = 0; t < rows.tokens; ++t) {
+            for (int h = 0; h < hidden; ++h) {
+              const float got =
+                  Bf16ToFloat(rows.bf16[(static_cast<size_t>(l) * rows.tokens + t) * hidden + h]);
+              const float ref = want[(static_cast<size_t>(l) * n + rows.offset + t) * hidden + h];
+              // bf16 keeps 8 significant bits: half an ulp is 2^-9 of the value; the rest is
+              // batched-versus-single fp32 arithmetic.
+              const double err = std::abs(got - ref) / (std::abs(ref) * 0x1p-8 + 1e-3);
+              worst = std::max(worst, err);
+            }
+          }
+        }
+      }
+      EXPECT_LE(worst, 1.0) << label;
+    }
+  }
+}
+
+// Counts what the engine reports (on its thread; the test reads after the sequences ended).
+class CountingObserver final : public EngineObserver {
+ public:
+  void OnStep(double seconds, int batch_tokens) override {
+    absl::MutexLock lock(&mu_);
+    ++steps_;
+    step_seconds_ += seconds;
+    batch_tokens_ += batch_tokens;
+  }
+  void OnDraftVerified(std::string_view mode, int drafted, int accepted) override {
+    absl::MutexLock lock(&mu_);
+    drafted_[std::string(mode)] += drafted;
+    accepted_[std::string(mode)] += accepted;
+    if (accepted > drafted || accepted < 0) ++bad_counts_;
+  }
+  void OnFallback(std::string_view reason) override {
+    absl::MutexLock lock(&mu_);
+    ++fallbacks_[std::string(reason)];
+  }
+
+  mutable absl::Mutex mu_;
+  int steps_ ABSL_GUARDED_BY(mu_) = 0;
+  double step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t batch_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int> drafted_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> accepted_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> fallbacks_ ABSL_GUARDED_BY(mu_);
+  int bad_counts_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_F(EngineTest, ObserverSeesStepsDraftsAndFallbacks) {
+  CountingObserver observer;
+  {
+    EngineOptions options;
+    options.draft_timeout = absl::Seconds(10);  // chains always arrive: spec really drafts
+    options.observer = &observer;
+    auto engine = MakeEngine(options);
+    ASSERT_NE(engine, nullptr);
+    const std::vector<std::shared_ptr<CollectingSink>> sinks =
+        ExpectMatchesReference(*engine, Jobs({"ar", "spec", "jacobi"}, 1));
+    int forwards = 0;
+    for (const auto& sink : sinks) forwards = std::max(forwards, sink->usage().forwards);
+    absl::MutexLock lock(&observer.mu_);
+    EXPECT_GE(observer.steps_, forwards);  // every forward of every sequence was in some step
+    EXPECT_EQ(observer.steps_, engine->Load().steps);
+    EXPECT_GT(observer.step_seconds_, 0);
+    // The prompts and every generated token went through some forward.
+    EXPECT_GE(observer.batch_tokens_, static_cast<int64_t>((*prompts_)[0].size()));
+    EXPECT_GT(observer.drafted_["spec"], 0);
+    EXPECT_GT(observer.accepted_["spec"], 0);
+    EXPECT_GT(observer.drafted_["jacobi"], 0);
+    EXPECT_EQ(observer.drafted_.count("ar"), 0u);
+    EXPECT_EQ(observer.bad_counts_, 0);
+    EXPECT_TRUE(observer.fallbacks_.empty());
+  }
+  // A drafter that fails at once: every spec step that could verify drafts falls back to AR.
+  failure_ = InProcessDraftChannel::Failure::kError;
+  chains_before_failure_ = 0;
+  EngineOptions options;
+  options.observer = &observer;
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Request({.mode = "spec", .prompt = 0}), sink).ok());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_EQ(sink->usage().drafted, 0);
+  absl::MutexLock lock(&observer.mu_);
+  EXPECT_GT(observer.fallbacks_["drafter_down"], 0);
 }
 
 }  // namespace

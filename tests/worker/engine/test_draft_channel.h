@@ -1,7 +1,8 @@
 // An in-process DraftChannel for engine tests: greedy AR drafting with InProcessArDrafter (one
 // per session, on a model of the test's choice) on a thread of its own, so chains reach the
 // engine asynchronously like a remote drafter's. It can be told to fail after some chains:
-// by erroring every session, or by falling silent.
+// by erroring every session, or by falling silent. It can ask for hidden-state layers and keeps
+// every session's tokens and hidden rows (after Close too) for inspection.
 //
 // Thread-safe: the engine calls Open/Advance/Close from its thread while the drafting thread
 // answers.
@@ -27,12 +28,20 @@ class InProcessDraftChannel : public DraftChannel {
  public:
   enum class Failure { kNone, kError, kSilent };
 
+  // What a session received: its tokens (prompt + appended) and its hidden rows in order.
+  struct Received {
+    std::vector<int32_t> tokens;
+    std::vector<HiddenRows> hidden;
+  };
+
   InProcessDraftChannel(Transformer* model, int capacity, ChainCallback on_chain,
-                        Failure failure = Failure::kNone, int chains_before_failure = 0)
+                        Failure failure = Failure::kNone, int chains_before_failure = 0,
+                        std::vector<int32_t> hidden_layers = {})
       : model_(model),
         capacity_(capacity),
         on_chain_(std::move(on_chain)),
         failure_(failure),
+        hidden_layers_(std::move(hidden_layers)),
         chains_left_(chains_before_failure) {
     thread_ = std::thread([this] { Run(); });
   }
@@ -45,9 +54,16 @@ class InProcessDraftChannel : public DraftChannel {
     thread_.join();
   }
 
-  absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma) override {
+  using DraftChannel::Advance;
+  using DraftChannel::Open;
+
+  absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
+                    const HiddenRows& hidden) override {
     absl::MutexLock lock(&mu_);
     if (broken_) return absl::UnavailableError("test drafter is down");
+    Received& r = received_[session];
+    r.tokens.assign(tokens.begin(), tokens.end());
+    if (!hidden.empty()) r.hidden.push_back(hidden);
     Session& s = sessions_[session];
     s.tokens.assign(tokens.begin(), tokens.end());
     s.gamma = gamma;
@@ -56,12 +72,18 @@ class InProcessDraftChannel : public DraftChannel {
     return absl::OkStatus();
   }
 
-  absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append,
-                       int gamma) override {
+  absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append, int gamma,
+                       const HiddenRows& hidden) override {
     absl::MutexLock lock(&mu_);
     if (broken_) return absl::UnavailableError("test drafter is down");
     auto it = sessions_.find(session);
     if (it == sessions_.end()) return absl::OkStatus();
+    Received& r = received_[session];
+    r.tokens.resize(offset);
+    r.tokens.insert(r.tokens.end(), append.begin(), append.end());
+    if (!hidden.empty()) r.hidden.push_back(hidden);
+    // Rows alone (a prefill slice) change nothing to draft from.
+    if (append.empty() && gamma == it->second.gamma) return absl::OkStatus();
     it->second.tokens.resize(offset);
     it->second.tokens.insert(it->second.tokens.end(), append.begin(), append.end());
     it->second.gamma = gamma;
@@ -80,9 +102,16 @@ class InProcessDraftChannel : public DraftChannel {
     return !broken_;
   }
 
+  std::vector<int32_t> hidden_layers() const override { return hidden_layers_; }
+
   int chains_sent() const {
     absl::MutexLock lock(&mu_);
     return chains_sent_;
+  }
+
+  std::map<uint64_t, Received> received() const {
+    absl::MutexLock lock(&mu_);
+    return received_;
   }
 
  private:
@@ -144,10 +173,12 @@ class InProcessDraftChannel : public DraftChannel {
   int capacity_;
   ChainCallback on_chain_;
   const Failure failure_;
+  const std::vector<int32_t> hidden_layers_;
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> dirty_ ABSL_GUARDED_BY(mu_);  // sessions whose tokens changed
+  std::map<uint64_t, Received> received_ ABSL_GUARDED_BY(mu_);
   int chains_left_ ABSL_GUARDED_BY(mu_);
   int chains_sent_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;

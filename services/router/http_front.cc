@@ -1,0 +1,350 @@
+#include "services/router/http_front.h"
+
+#include <chrono>
+#include <ctime>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "httplib.h"
+#include "services/router/http_openai.h"
+
+namespace tandem {
+
+namespace {
+
+constexpr char kJson[] = "application/json";
+// Requests larger than this are refused by cpp-httplib (413) before parsing. The router's own
+// limit on the decoded request (request_decode.h) is smaller; JSON escaping can double a prompt.
+constexpr size_t kMaxBodyBytes = 32 << 20;
+constexpr auto kListModelsTimeout = std::chrono::seconds(10);
+
+void SendError(httplib::Response& res, int http_status, const std::string& message,
+               const std::string& param = "", const std::string& code = "") {
+  res.status = http_status;
+  if (http_status == 429 || http_status == 503) res.set_header("Retry-After", "1");
+  res.set_content(http::Dump(http::ErrorBody(http_status, message, param, code)), kJson);
+}
+
+void SendGrpcError(httplib::Response& res, const grpc::Status& status) {
+  SendError(res, http::HttpStatusFor(status.error_code()), status.error_message());
+}
+
+// One Generate call on the in-process channel. The destructor cancels a call that has not
+// finished, so a handler that returns early (the client went away) stops the verifier's work.
+class UpstreamCall {
+ public:
+  UpstreamCall(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+               const std::string& authorization) {
+    if (!authorization.empty()) context_.AddMetadata("authorization", authorization);
+    reader_ = stub.Generate(&context_, request);
+  }
+  ~UpstreamCall() { Cancel(); }
+
+  bool Read(v1::GenerateResponse* message) { return !finished_ && reader_->Read(message); }
+
+  // After Read returned false.
+  grpc::Status Finish() {
+    if (!finished_) {
+      finished_ = true;
+      status_ = reader_->Finish();
+    }
+    return status_;
+  }
+
+  void Cancel() {
+    if (finished_) return;
+    context_.TryCancel();
+    v1::GenerateResponse ignored;
+    while (reader_->Read(&ignored)) {
+    }
+    Finish();
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
+  bool finished_ = false;
+  grpc::Status status_;
+};
+
+// The state of one streaming response, driven by cpp-httplib's content provider on the
+// connection's thread.
+struct SseStream {
+  http::Api api = http::Api::kCompletions;
+  http::ResponseMeta meta;
+  bool include_usage = false;
+  std::unique_ptr<UpstreamCall> call;
+  std::optional<v1::GenerateResponse> first;  // read before the status line was chosen
+  bool role_sent = false;
+  std::string finish_reason;
+  v1::Usage usage;
+
+  // Writes what the next upstream message gives; false when the client is gone.
+  bool Next(httplib::DataSink& sink) {
+    std::string out;
+    if (api == http::Api::kChat && !role_sent) {
+      out += http::SseEvent(http::RoleChunk(meta, include_usage));
+      role_sent = true;
+    }
+    v1::GenerateResponse message;
+    bool have = false;
+    if (first.has_value()) {
+      message = std::move(*first);
+      first.reset();
+      have = true;
+    } else {
+      have = call->Read(&message);
+    }
+    if (have) {
+      if (!message.text().empty()) {
+        out += http::SseEvent(http::ContentChunk(api, meta, message.text(), "", include_usage));
+      }
+      if (!message.finish_reason().empty()) {
+        finish_reason = message.finish_reason();
+        usage = message.usage();
+      }
+      return out.empty() || sink.write(out.data(), out.size());
+    }
+    const grpc::Status status = call->Finish();
+    if (status.ok()) {
+      out += http::SseEvent(http::ContentChunk(api, meta, "", finish_reason, include_usage));
+      if (include_usage) out += http::SseEvent(http::UsageChunk(api, meta, usage));
+      out += std::string(http::kSseDone);
+    } else {
+      out += http::SseEvent(
+          http::ErrorBody(http::HttpStatusFor(status.error_code()), status.error_message()));
+    }
+    if (!sink.write(out.data(), out.size())) return false;
+    sink.done();
+    return true;
+  }
+};
+
+class Handlers {
+ public:
+  Handlers(const HttpFrontOptions* options, v1::Generation::Stub* stub)
+      : options_(options), stub_(stub), created_(static_cast<int64_t>(std::time(nullptr))) {}
+
+  // False (and the 401 written) when API keys are on and the request carries none of them.
+  bool Authorize(const httplib::Request& req, httplib::Response& res) const {
+    absl::Status status = options_->api_keys.Check(req.get_header_value("Authorization"));
+    if (status.ok()) return true;
+    SendError(res, 401, std::string(status.message()), "", "invalid_api_key");
+    res.set_header("WWW-Authenticate", "Bearer");
+    return false;
+  }
+
+  // The Authorization header for the Generation service, which checks it again. Only a key
+  // this router knows is forwarded: without keys, a client's arbitrary header (the OpenAI client
+  // always sends one) could hold bytes gRPC metadata does not allow.
+  std::string Forwarded(const httplib::Request& req) const {
+    return options_->api_keys.enabled() ? req.get_header_value("Authorization") : std::string();
+  }
+
+  grpc::Status ListModels(const std::string& authorization, v1::ListModelsResponse* reply) const {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kListModelsTimeout);
+    if (!authorization.empty()) context.AddMetadata("authorization", authorization);
+    return stub_->ListModels(&context, v1::ListModelsRequest(), reply);
+  }
+
+  void Models(const httplib::Request& req, httplib::Response& res) const {
+    if (!Authorize(req, res)) return;
+    v1::ListModelsResponse reply;
+    grpc::Status status = ListModels(Forwarded(req), &reply);
+    if (!status.ok()) return SendGrpcError(res, status);
+    res.set_content(http::Dump(http::ModelsList(reply, created_)), kJson);
+  }
+
+  void Ready(httplib::Response& res) const {
+    const bool ready = options_->ready && options_->ready();
+    res.status = ready ? 200 : 503;
+    res.set_content(ready ? "ready\n" : "no verifier is up\n", "text/plain");
+  }
+
+  void Generate(http::Api api, const httplib::Request& req, httplib::Response& res) const {
+    if (!Authorize(req, res)) return;
+    absl::StatusOr<http::ParsedRequest> parsed = http::ParseRequest(api, req.body);
+    if (!parsed.ok()) {
+      return SendError(res, 400, std::string(parsed.status().message()),
+                       http::ParamOf(parsed.status()));
+    }
+    const std::string authorization = Forwarded(req);
+    v1::GenerateRequest& request = parsed->request;
+
+    // The model's description gives the response its `model`, chat its default max_tokens (the
+    // rest of the context, as OpenAI does) and an unknown model OpenAI's 404.
+    v1::ListModelsResponse models;
+    grpc::Status listed = ListModels(authorization, &models);
+    if (!listed.ok()) return SendGrpcError(res, listed);
+    const v1::ModelInfo* model = nullptr;
+    for (const v1::ModelInfo& info : models.models()) {
+      if (info.id() == request.model() || (request.model().empty() && models.models_size() == 1)) {
+        model = &info;
+      }
+    }
+    if (model == nullptr && !request.model().empty()) {
+      std::vector<std::string> ids;
+      for (const v1::ModelInfo& info : models.models()) ids.push_back(info.id());
+      return SendError(
+          res, 404,
+          absl::StrCat("The model '", request.model(), "' does not exist; this router serves: ",
+                       ids.empty() ? "none yet" : absl::StrJoin(ids, ", ")),
+          "model", "model_not_found");
+    }
+    if (!parsed->max_tokens_set) {
+      // Without a model, Generate answers why (no verifier yet, several models).
+      request.set_max_tokens(model != nullptr ? std::max(1, model->max_context() - 1)
+                                              : http::kDefaultCompletionMaxTokens);
+    }
+    http::ResponseMeta meta{.id = http::NewResponseId(api),
+                            .created = static_cast<int64_t>(std::time(nullptr)),
+                            .model = model != nullptr ? model->id() : request.model()};
+    request.set_request_id(meta.id);
+
+    auto call = std::make_unique<UpstreamCall>(*stub_, request, authorization);
+    // The first message decides the status line: an error before any output is an HTTP error.
+    v1::GenerateResponse first;
+    if (!call->Read(&first)) {
+      grpc::Status status = call->Finish();
+      if (!status.ok()) return SendGrpcError(res, status);
+    }
+    if (!parsed->stream) {
+      http::Collected collected;
+      http::Collect(first, &collected);
+      v1::GenerateResponse message;
+      while (call->Read(&message)) http::Collect(message, &collected);
+      grpc::Status status = call->Finish();
+      if (!status.ok()) return SendGrpcError(res, status);
+      res.set_content(http::Dump(http::FinalResponse(api, meta, collected)), kJson);
+      return;
+    }
+    auto stream = std::make_shared<SseStream>();
+    stream->api = api;
+    stream->meta = std::move(meta);
+    stream->include_usage = parsed->include_usage;
+    stream->call = std::move(call);
+    stream->first = std::move(first);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [stream](size_t /*offset*/, httplib::DataSink& sink) { return stream->Next(sink); },
+        [stream](bool success) {
+          // The client went away mid-stream: stop the verifier's work now.
+          if (!success) stream->call->Cancel();
+        });
+  }
+
+ private:
+  const HttpFrontOptions* options_;
+  v1::Generation::Stub* stub_;
+  const int64_t created_;  // the `created` of every model in /v1/models
+};
+
+}  // namespace
+
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' is not HOST:PORT (e.g. 127.0.0.1:8471, port 0 = any)"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, port);
+}
+
+HttpFront::HttpFront(HttpFrontOptions options, std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Generation::NewStub(channel_)),
+      server_(std::make_unique<httplib::Server>()) {}
+
+absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
+    HttpFrontOptions options, std::shared_ptr<grpc::Channel> channel) {
+  absl::StatusOr<std::pair<std::string, int>> host_port = SplitHostPort(options.listen);
+  if (!host_port.ok()) return host_port.status();
+  std::unique_ptr<HttpFront> front(new HttpFront(std::move(options), std::move(channel)));
+  httplib::Server& server = *front->server_;
+  const int threads = std::max(1, front->options_.threads);
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server.set_payload_max_length(kMaxBodyBytes);
+
+  // The handlers share the front's options and stub, which outlive the server's threads.
+  auto handlers = std::make_shared<Handlers>(&front->options_, front->stub_.get());
+  server.Post("/v1/completions", [handlers](const httplib::Request& req, httplib::Response& res) {
+    handlers->Generate(http::Api::kCompletions, req, res);
+  });
+  server.Post("/v1/chat/completions",
+              [handlers](const httplib::Request& req, httplib::Response& res) {
+                handlers->Generate(http::Api::kChat, req, res);
+              });
+  server.Get("/v1/models", [handlers](const httplib::Request& req, httplib::Response& res) {
+    handlers->Models(req, res);
+  });
+  server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  server.Get("/ready",
+             [handlers](const httplib::Request&, httplib::Response& res) { handlers->Ready(res); });
+  // Unknown routes and cpp-httplib's own refusals (413, 400) get an OpenAI-shaped body too.
+  server.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                   httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string message =
+        res.status == 404   ? absl::StrCat("no route for ", req.method, " ", req.path)
+        : res.status == 413 ? absl::StrCat("the request body exceeds ", kMaxBodyBytes >> 20, " MiB")
+                            : absl::StrCat("HTTP ", res.status);
+    res.set_content(http::Dump(http::ErrorBody(res.status, message)), kJson);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        SendError(res, 500, absl::StrCat("the router failed on this request: ", what));
+      });
+
+  const auto& [host, port] = *host_port;
+  int bound = port;
+  if (port == 0) {
+    bound = server.bind_to_any_port(host);
+    if (bound <= 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen for HTTP on ", host, ":0"));
+    }
+  } else if (!server.bind_to_port(host, port)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen for HTTP on ", front->options_.listen,
+                                               " (address in use or not local?)"));
+  }
+  front->address_ =
+      absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", bound);
+  front->listener_ = std::thread([&server] { server.listen_after_bind(); });
+  // Stop() before the loop runs would not stop it.
+  for (int i = 0; i < 1000 && !server.is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return front;
+}
+
+void HttpFront::Stop() {
+  if (!listener_.joinable()) return;
+  server_->stop();
+  listener_.join();
+}
+
+HttpFront::~HttpFront() { Stop(); }
+
+}  // namespace tandem

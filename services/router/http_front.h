@@ -1,0 +1,74 @@
+// The router's OpenAI-compatible HTTP API (cpp-httplib): POST /v1/completions and
+// /v1/chat/completions (JSON or server-sent events), GET /v1/models, GET /health and GET /ready.
+// The wire format is http_openai.h.
+//
+// Every request goes through the router's own Generation service over an in-process channel
+// (grpc::Server::InProcessChannel), so HTTP clients get exactly what gRPC clients get: the same
+// validation, admission bound, verifier choice, relay and API-key check (the HTTP Authorization
+// header is forwarded as gRPC metadata). gRPC status codes become HTTP statuses
+// (http::HttpStatusFor). An error before the first token is an HTTP error; once a stream has
+// started (200 sent), an error arrives as a `data: {"error": ...}` event and the stream ends
+// without [DONE], as OpenAI does. A streaming client that goes away cancels its upstream call at
+// the next chunk; a non-streaming one is noticed only when its response is written (cpp-httplib
+// 0.11 exposes no connection state to handlers), so its generation runs to max_tokens.
+//
+// Thread-safety: handlers run on cpp-httplib's own thread pool (never gRPC's) and block on the
+// in-process call. Start/Stop/address from one thread (main).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "services/router/api_keys.h"
+#include "tandem/v1/generate.grpc.pb.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace tandem {
+
+struct HttpFrontOptions {
+  std::string listen;  // HOST:PORT; port 0 = chosen by the OS
+  // When enabled, every endpoint but /health and /ready needs `Authorization: Bearer KEY`.
+  ApiKeys api_keys;
+  // /ready answers 200 while this is true (a verifier is up), else 503.
+  std::function<bool()> ready;
+  // Connections served at once; more wait for a thread. Streams hold one each for their length.
+  int threads = 64;
+};
+
+class HttpFront {
+ public:
+  // Binds and starts serving. `channel` reaches the router's Generation service. Errors name the
+  // address (malformed, in use).
+  static absl::StatusOr<std::unique_ptr<HttpFront>> Start(HttpFrontOptions options,
+                                                          std::shared_ptr<grpc::Channel> channel);
+  ~HttpFront();
+
+  // host:port clients can reach.
+  const std::string& address() const { return address_; }
+
+  // Stops accepting and waits for the handlers in progress. Shut the gRPC server down first (or
+  // with a deadline) so that streams in flight end and their handlers return.
+  void Stop();
+
+ private:
+  HttpFront(HttpFrontOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  HttpFrontOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread listener_;
+  std::string address_;
+};
+
+// Splits "HOST:PORT" ("[::1]:80" for IPv6); InvalidArgument naming `address` otherwise.
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
+
+}  // namespace tandem

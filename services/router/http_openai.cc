@@ -1,0 +1,528 @@
+#include "services/router/http_openai.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::http {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr char kParamPayload[] = "tandem.http/param";
+
+absl::Status BadParam(const std::string& param, const std::string& message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+// A present, non-null member, or nullptr.
+const json* Member(const json& object, const char* name) {
+  auto it = object.find(name);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::StatusOr<std::optional<double>> NumberParam(const json& body, const char* name) {
+  const json* value = Member(body, name);
+  if (value == nullptr) return std::optional<double>();
+  if (!value->is_number()) return BadParam(name, absl::StrCat(name, " must be a number"));
+  const double number = value->get<double>();
+  if (!std::isfinite(number)) return BadParam(name, absl::StrCat(name, " must be finite"));
+  return std::optional<double>(number);
+}
+
+// An integer within int32 (a float with no fraction, as some clients send, is accepted).
+absl::StatusOr<std::optional<int64_t>> IntegerParam(const json& body, const char* name, int64_t min,
+                                                    int64_t max) {
+  const json* value = Member(body, name);
+  if (value == nullptr) return std::optional<int64_t>();
+  int64_t integer = 0;
+  if (value->is_number_integer()) {
+    if (value->is_number_unsigned() &&
+        value->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return BadParam(name, absl::StrCat(name, " is out of range"));
+    }
+    integer = value->get<int64_t>();
+  } else if (value->is_number_float() && std::trunc(value->get<double>()) == value->get<double>() &&
+             std::abs(value->get<double>()) < 9e15) {
+    integer = static_cast<int64_t>(value->get<double>());
+  } else {
+    return BadParam(name, absl::StrCat(name, " must be an integer"));
+  }
+  if (integer < min || integer > max) {
+    return BadParam(name,
+                    absl::StrCat(name, " must be between ", min, " and ", max, ", got ", integer));
+  }
+  return std::optional<int64_t>(integer);
+}
+
+absl::StatusOr<std::optional<std::string>> StringParam(const json& body, const char* name) {
+  const json* value = Member(body, name);
+  if (value == nullptr) return std::optional<std::string>();
+  if (!value->is_string()) return BadParam(name, absl::StrCat(name, " must be a string"));
+  return std::optional<std::string>(value->get<std::string>());
+}
+
+bool IsTokenIdArray(const json& value) {
+  if (!value.is_array() || value.empty()) return false;
+  for (const json& id : value) {
+    if (!id.is_number_integer()) return false;
+  }
+  return true;
+}
+
+absl::Status SetTokenIds(const json& ids, v1::GenerateRequest* request) {
+  v1::TokenIds* out = request->mutable_token_ids();
+  for (const json& id : ids) {
+    const int64_t value = id.get<int64_t>();
+    if (value < 0 || value > std::numeric_limits<int32_t>::max()) {
+      return BadParam("prompt", absl::StrCat("prompt token id ", value, " is out of range"));
+    }
+    out->add_ids(static_cast<int32_t>(value));
+  }
+  return absl::OkStatus();
+}
+
+// prompt: a string, a list of token ids, or a batch of exactly one of those.
+absl::Status ParsePrompt(const json& body, v1::GenerateRequest* request) {
+  const json* prompt = Member(body, "prompt");
+  if (prompt == nullptr) return BadParam("prompt", "prompt is required");
+  if (prompt->is_string()) {
+    request->set_prompt(prompt->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (prompt->is_array() && prompt->empty()) {
+    return BadParam("prompt", "prompt is empty");
+  }
+  if (IsTokenIdArray(*prompt)) return SetTokenIds(*prompt, request);
+  if (prompt->is_array()) {
+    if (prompt->size() > 1) {
+      return BadParam("prompt", absl::StrCat("prompt holds ", prompt->size(),
+                                             " prompts; send one prompt per request"));
+    }
+    const json& only = prompt->front();
+    if (only.is_string()) {
+      request->set_prompt(only.get<std::string>());
+      return absl::OkStatus();
+    }
+    if (only.is_array() && only.empty()) return BadParam("prompt", "prompt is empty");
+    if (IsTokenIdArray(only)) return SetTokenIds(only, request);
+  }
+  return BadParam("prompt", "prompt must be a string or a list of token ids");
+}
+
+// Text content: a string or a list of {"type": "text", "text": ...} parts.
+absl::StatusOr<std::string> MessageContent(const json& message, size_t index) {
+  const std::string param = absl::StrCat("messages[", index, "].content");
+  const json* content = Member(message, "content");
+  if (content == nullptr) return std::string();
+  if (content->is_string()) return content->get<std::string>();
+  if (!content->is_array()) return BadParam(param, param + " must be a string or a list of parts");
+  std::string text;
+  for (const json& part : *content) {
+    const json* type = part.is_object() ? Member(part, "type") : nullptr;
+    const json* part_text = part.is_object() ? Member(part, "text") : nullptr;
+    if (type == nullptr || *type != "text" || part_text == nullptr || !part_text->is_string()) {
+      return BadParam(param, param +
+                                 ": only text parts ({\"type\": \"text\", \"text\": ...}) "
+                                 "are supported");
+    }
+    text += part_text->get<std::string>();
+  }
+  return text;
+}
+
+absl::Status ParseMessages(const json& body, v1::GenerateRequest* request) {
+  const json* messages = Member(body, "messages");
+  if (messages == nullptr) return BadParam("messages", "messages is required");
+  if (!messages->is_array()) return BadParam("messages", "messages must be a list");
+  if (messages->empty()) return BadParam("messages", "messages is empty");
+  v1::ChatMessages* chat = request->mutable_chat();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& message = (*messages)[i];
+    const std::string param = absl::StrCat("messages[", i, "]");
+    if (!message.is_object()) return BadParam(param, param + " must be an object");
+    const json* role = Member(message, "role");
+    if (role == nullptr || !role->is_string()) {
+      return BadParam(param + ".role", param + ".role must be a string");
+    }
+    std::string role_name = role->get<std::string>();
+    // OpenAI's newer name for the system role.
+    if (role_name == "developer") role_name = "system";
+    if (role_name != "system" && role_name != "user" && role_name != "assistant") {
+      return BadParam(param + ".role",
+                      absl::StrCat(param, ".role '", role_name,
+                                   "' is not supported; use system, user or assistant"));
+    }
+    absl::StatusOr<std::string> content = MessageContent(message, i);
+    if (!content.ok()) return content.status();
+    v1::ChatMessage* out = chat->add_messages();
+    out->set_role(std::move(role_name));
+    out->set_content(std::move(*content));
+  }
+  return absl::OkStatus();
+}
+
+// Parameters Tandem does not implement: refused when they ask for something.
+absl::Status RefuseUnsupported(const json& body) {
+  if (auto n = IntegerParam(body, "n", std::numeric_limits<int32_t>::min(),
+                            std::numeric_limits<int32_t>::max());
+      !n.ok() || (n->has_value() && **n != 1)) {
+    return BadParam("n", "only n = 1 is supported; send one request per completion");
+  }
+  if (auto best_of = IntegerParam(body, "best_of", std::numeric_limits<int32_t>::min(),
+                                  std::numeric_limits<int32_t>::max());
+      !best_of.ok() || (best_of->has_value() && **best_of != 1)) {
+    return BadParam("best_of", "only best_of = 1 is supported");
+  }
+  for (const char* name : {"logprobs", "top_logprobs", "logit_bias", "tools", "functions",
+                           "tool_choice", "function_call", "response_format", "suffix"}) {
+    const json* value = Member(body, name);
+    if (value == nullptr) continue;
+    const bool off = (value->is_boolean() && !value->get<bool>()) ||
+                     (value->is_object() && value->empty()) ||
+                     (value->is_array() && value->empty()) ||
+                     (value->is_string() &&
+                      (value->get<std::string>().empty() || value->get<std::string>() == "none" ||
+                       value->get<std::string>() == "text"));
+    // response_format {"type": "text"} is the default.
+    const bool default_format = std::string_view(name) == "response_format" && value->is_object() &&
+                                value->value("type", "") == "text";
+    if (!off && !default_format) {
+      return BadParam(name, absl::StrCat(name, " is not supported by Tandem"));
+    }
+  }
+  if (const json* echo = Member(body, "echo"); echo != nullptr && *echo != false) {
+    return BadParam("echo", "echo is not supported by Tandem");
+  }
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    absl::StatusOr<std::optional<double>> penalty = NumberParam(body, name);
+    if (!penalty.ok()) return penalty.status();
+    if (penalty->has_value() && **penalty != 0) {
+      return BadParam(name, absl::StrCat(name, " is not supported by Tandem (only 0)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const json& body, v1::GenerateRequest* request) {
+  const json* stop = Member(body, "stop");
+  if (stop != nullptr) {
+    if (stop->is_string()) {
+      if (!stop->get<std::string>().empty()) request->add_stop(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& item : *stop) {
+        if (!item.is_string()) return BadParam("stop", "stop must be a string or strings");
+        if (!item.get<std::string>().empty()) request->add_stop(item.get<std::string>());
+      }
+    } else {
+      return BadParam("stop", "stop must be a string or a list of strings");
+    }
+  }
+  const json* ids = Member(body, "stop_token_ids");
+  if (ids != nullptr) {
+    if (!ids->is_array()) return BadParam("stop_token_ids", "stop_token_ids must be a list");
+    for (const json& id : *ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return BadParam("stop_token_ids", "stop_token_ids must hold token ids");
+      }
+      request->add_stop_token_ids(id.get<int32_t>());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
+  if (!body.is_object()) return BadParam("", "the request body must be a JSON object");
+  v1::GenerateRequest& request = parsed->request;
+  absl::StatusOr<std::optional<std::string>> model = StringParam(body, "model");
+  if (!model.ok()) return model.status();
+  if (model->has_value()) request.set_model(**model);
+  absl::Status input =
+      api == Api::kChat ? ParseMessages(body, &request) : ParsePrompt(body, &request);
+  if (!input.ok()) return input;
+  if (absl::Status refused = RefuseUnsupported(body); !refused.ok()) return refused;
+
+  // Chat clients send max_completion_tokens (max_tokens is deprecated there).
+  const int32_t int_max = std::numeric_limits<int32_t>::max();
+  absl::StatusOr<std::optional<int64_t>> max_tokens = IntegerParam(body, "max_tokens", 0, int_max);
+  if (!max_tokens.ok()) return max_tokens.status();
+  if (!max_tokens->has_value() && api == Api::kChat) {
+    max_tokens = IntegerParam(body, "max_completion_tokens", 0, int_max);
+    if (!max_tokens.ok()) return max_tokens.status();
+  }
+  if (max_tokens->has_value()) {
+    request.set_max_tokens(static_cast<int32_t>(**max_tokens));
+    parsed->max_tokens_set = true;
+  }
+
+  v1::SamplingParams* sampling = request.mutable_sampling();
+  absl::StatusOr<std::optional<double>> temperature = NumberParam(body, "temperature");
+  if (!temperature.ok()) return temperature.status();
+  // OpenAI's default temperature is 1.
+  sampling->set_temperature(temperature->has_value() ? static_cast<float>(**temperature) : 1.0f);
+  absl::StatusOr<std::optional<double>> top_p = NumberParam(body, "top_p");
+  if (!top_p.ok()) return top_p.status();
+  if (top_p->has_value()) sampling->set_top_p(static_cast<float>(**top_p));
+  absl::StatusOr<std::optional<double>> min_p = NumberParam(body, "min_p");
+  if (!min_p.ok()) return min_p.status();
+  if (min_p->has_value()) sampling->set_min_p(static_cast<float>(**min_p));
+  absl::StatusOr<std::optional<int64_t>> top_k = IntegerParam(body, "top_k", -1, int_max);
+  if (!top_k.ok()) return top_k.status();
+  // -1 is vLLM's "off".
+  if (top_k->has_value() && **top_k > 0) sampling->set_top_k(static_cast<int32_t>(**top_k));
+  absl::StatusOr<std::optional<int64_t>> seed =
+      IntegerParam(body, "seed", 0, std::numeric_limits<int64_t>::max());
+  if (!seed.ok()) return seed.status();
+  if (seed->has_value()) sampling->set_seed(static_cast<uint64_t>(**seed));
+
+  if (absl::Status stop = ParseStop(body, &request); !stop.ok()) return stop;
+  absl::StatusOr<std::optional<std::string>> mode = StringParam(body, "mode");
+  if (!mode.ok()) return mode.status();
+  if (mode->has_value()) request.set_mode(**mode);
+
+  if (const json* stream = Member(body, "stream"); stream != nullptr) {
+    if (!stream->is_boolean()) return BadParam("stream", "stream must be true or false");
+    parsed->stream = stream->get<bool>();
+  }
+  if (const json* options = Member(body, "stream_options"); options != nullptr) {
+    if (!options->is_object())
+      return BadParam("stream_options", "stream_options must be an object");
+    if (!parsed->stream) {
+      return BadParam("stream_options", "stream_options is only allowed when stream is true");
+    }
+    if (const json* usage = Member(*options, "include_usage"); usage != nullptr) {
+      if (!usage->is_boolean()) {
+        return BadParam("stream_options.include_usage", "include_usage must be true or false");
+      }
+      parsed->include_usage = usage->get<bool>();
+    }
+  }
+  return absl::OkStatus();
+}
+
+const char* ObjectName(Api api, bool chunk) {
+  if (api == Api::kCompletions) return "text_completion";
+  return chunk ? "chat.completion.chunk" : "chat.completion";
+}
+
+json Base(Api api, const ResponseMeta& meta, bool chunk) {
+  return json{{"id", meta.id},
+              {"object", ObjectName(api, chunk)},
+              {"created", meta.created},
+              {"model", meta.model}};
+}
+
+json FinishReason(const std::string& finish_reason) {
+  return finish_reason.empty() ? json(nullptr) : json(finish_reason);
+}
+
+const char* ErrorType(int http_status) {
+  switch (http_status) {
+    case 400:
+    case 404:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable_error";
+    case 504:
+      return "timeout_error";
+    default:
+      return "server_error";
+  }
+}
+
+const char* CodeName(int http_status) {
+  switch (http_status) {
+    case 400:
+      return "invalid_argument";
+    case 401:
+      return "unauthenticated";
+    case 403:
+      return "permission_denied";
+    case 404:
+      return "not_found";
+    case 429:
+      return "resource_exhausted";
+    case 499:
+      return "cancelled";
+    case 503:
+      return "unavailable";
+    case 504:
+      return "deadline_exceeded";
+    default:
+      return "internal";
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedRequest> ParseRequest(Api api, std::string_view body) {
+  json parsed_json = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed_json.is_discarded()) {
+    // Parse again with exceptions for the position nlohmann reports.
+    std::string detail = "it does not parse";
+    try {
+      json ignored = json::parse(body);
+      (void)ignored;
+    } catch (const json::parse_error& error) {
+      detail = error.what();
+    }
+    return BadParam("", absl::StrCat("the request body is not valid JSON: ", detail));
+  }
+  ParsedRequest parsed;
+  if (absl::Status status = ParseBody(api, parsed_json, &parsed); !status.ok()) return status;
+  if (!parsed.max_tokens_set && api == Api::kCompletions) {
+    parsed.request.set_max_tokens(kDefaultCompletionMaxTokens);
+  }
+  return parsed;
+}
+
+std::string ParamOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kParamPayload);
+  return payload.has_value() ? std::string(*payload) : std::string();
+}
+
+std::string NewResponseId(Api api) {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = api == Api::kChat ? "chatcmpl-" : "cmpl-";
+  for (int i = 0; i < 24; ++i) id.push_back(kHex[random() % 16]);
+  return id;
+}
+
+void Collect(const v1::GenerateResponse& message, Collected* collected) {
+  collected->text += message.text();
+  if (!message.finish_reason().empty()) {
+    collected->finish_reason = message.finish_reason();
+    collected->usage = message.usage();
+  }
+  if (!message.mode().empty()) collected->mode = message.mode();
+  collected->lossy = collected->lossy || message.lossy();
+}
+
+json UsageJson(const v1::Usage& usage) {
+  return json{{"prompt_tokens", usage.prompt_tokens()},
+              {"completion_tokens", usage.completion_tokens()},
+              {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}};
+}
+
+json FinalResponse(Api api, const ResponseMeta& meta, const Collected& collected) {
+  json response = Base(api, meta, /*chunk=*/false);
+  json choice = {{"index", 0},
+                 {"logprobs", nullptr},
+                 {"finish_reason", FinishReason(collected.finish_reason)}};
+  if (api == Api::kChat) {
+    choice["message"] = {{"role", "assistant"}, {"content", collected.text}};
+  } else {
+    choice["text"] = collected.text;
+  }
+  response["choices"] = json::array({std::move(choice)});
+  response["usage"] = UsageJson(collected.usage);
+  // Tandem's own: the decoding mode that served the request, and whether it is lossy.
+  response["tandem"] = {{"mode", collected.mode}, {"lossy", collected.lossy}};
+  return response;
+}
+
+json ContentChunk(Api api, const ResponseMeta& meta, const std::string& content,
+                  const std::string& finish_reason, bool include_usage) {
+  json chunk = Base(api, meta, /*chunk=*/true);
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishReason(finish_reason)}};
+  if (api == Api::kChat) {
+    choice["delta"] =
+        content.empty() && !finish_reason.empty() ? json::object() : json{{"content", content}};
+  } else {
+    choice["text"] = content;
+  }
+  chunk["choices"] = json::array({std::move(choice)});
+  if (include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+json RoleChunk(const ResponseMeta& meta, bool include_usage) {
+  json chunk = Base(Api::kChat, meta, /*chunk=*/true);
+  chunk["choices"] = json::array({json{{"index", 0},
+                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}});
+  if (include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+json UsageChunk(Api api, const ResponseMeta& meta, const v1::Usage& usage) {
+  json chunk = Base(api, meta, /*chunk=*/true);
+  chunk["choices"] = json::array();
+  chunk["usage"] = UsageJson(usage);
+  return chunk;
+}
+
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string SseEvent(const json& data) { return absl::StrCat("data: ", Dump(data), "\n\n"); }
+
+int HttpStatusFor(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return 400;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return 401;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return 403;
+    case grpc::StatusCode::NOT_FOUND:
+      return 404;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return 429;
+    case grpc::StatusCode::CANCELLED:
+      return 499;
+    case grpc::StatusCode::UNAVAILABLE:
+      return 503;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+json ErrorBody(int http_status, const std::string& message, const std::string& param,
+               const std::string& code) {
+  return json{{"error",
+               {{"message", message},
+                {"type", ErrorType(http_status)},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", code.empty() ? CodeName(http_status) : code}}}};
+}
+
+json ModelsList(const v1::ListModelsResponse& models, int64_t created) {
+  json data = json::array();
+  for (const v1::ModelInfo& model : models.models()) {
+    data.push_back({{"id", model.id()},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "tandem"},
+                    {"modes", std::vector<std::string>(model.modes().begin(), model.modes().end())},
+                    {"max_context", model.max_context()}});
+  }
+  return json{{"object", "list"}, {"data", std::move(data)}};
+}
+
+}  // namespace tandem::http

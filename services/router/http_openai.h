@@ -1,0 +1,101 @@
+// The OpenAI-compatible wire format of the router's HTTP front: request JSON (/v1/completions,
+// /v1/chat/completions) to tandem.v1.GenerateRequest, and GenerateResponse messages back to
+// OpenAI's response objects, stream chunks (server-sent events) and error bodies. No network
+// here, so the format is testable on its own; http_front.h serves it.
+//
+// Extensions beyond OpenAI's parameters: `mode` (a decoding mode: ar, spec, ...), `top_k`, `min_p`
+// and `stop_token_ids`. Parameters Tandem cannot honour (n > 1, logprobs, echo, penalties, tools)
+// are refused with 400 rather than silently ignored.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/support/status.h"
+#include "nlohmann/json.hpp"
+#include "tandem/v1/generate.pb.h"
+
+namespace tandem::http {
+
+enum class Api { kCompletions, kChat };
+
+// OpenAI's default max_tokens for /v1/completions.
+inline constexpr int kDefaultCompletionMaxTokens = 16;
+
+// A parsed request: what goes to Generate, and how to answer.
+struct ParsedRequest {
+  v1::GenerateRequest request;
+  bool stream = false;
+  bool include_usage = false;   // stream_options.include_usage: one more chunk with usage
+  bool max_tokens_set = false;  // false: the caller picks the default (it knows the context)
+};
+
+// Parses a request body. InvalidArgument for malformed JSON, a wrong type or an unsupported
+// parameter; the message names the parameter and ParamOf() returns it.
+absl::StatusOr<ParsedRequest> ParseRequest(Api api, std::string_view body);
+
+// The parameter an error from ParseRequest is about, "" when none.
+std::string ParamOf(const absl::Status& status);
+
+// What every response object of one request shares.
+struct ResponseMeta {
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// A fresh response id for `api` ("cmpl-" or "chatcmpl-" and 24 random hex digits).
+std::string NewResponseId(Api api);
+
+// A whole generation, collected from its stream.
+struct Collected {
+  std::string text;
+  std::string finish_reason;
+  v1::Usage usage;
+  std::string mode;
+  bool lossy = false;
+};
+void Collect(const v1::GenerateResponse& message, Collected* collected);
+
+// The non-streaming response object (text_completion or chat.completion).
+nlohmann::json FinalResponse(Api api, const ResponseMeta& meta, const Collected& collected);
+
+// Stream chunks. `content` is the text delta; `finish_reason` is null when empty. Chat's first
+// chunk carries only the assistant role (RoleChunk). With include_usage every chunk has
+// "usage": null and UsageChunk (no choices) comes last.
+nlohmann::json ContentChunk(Api api, const ResponseMeta& meta, const std::string& content,
+                            const std::string& finish_reason, bool include_usage);
+nlohmann::json RoleChunk(const ResponseMeta& meta, bool include_usage);
+nlohmann::json UsageChunk(Api api, const ResponseMeta& meta, const v1::Usage& usage);
+
+// JSON text; invalid UTF-8 (which only a client's own bytes can carry, e.g. quoted in a parse
+// error) is replaced rather than thrown on.
+std::string Dump(const nlohmann::json& value);
+
+// One server-sent event: "data: <json>\n\n".
+std::string SseEvent(const nlohmann::json& data);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// The OpenAI "usage" object.
+nlohmann::json UsageJson(const v1::Usage& usage);
+
+// Errors. HTTP status from a gRPC code: INVALID_ARGUMENT 400, UNAUTHENTICATED 401,
+// PERMISSION_DENIED 403, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED 499, UNAVAILABLE 503,
+// DEADLINE_EXCEEDED 504, others 500.
+int HttpStatusFor(grpc::StatusCode code);
+// {"error": {"message", "type", "param", "code"}}; `param` null when empty, `code` the gRPC
+// code's name in lower case unless given.
+nlohmann::json ErrorBody(int http_status, const std::string& message, const std::string& param = "",
+                         const std::string& code = "");
+
+// GET /v1/models from ListModels: {"object": "list", "data": [{"id", "object": "model",
+// "created", "owned_by", "modes", "max_context"}]}.
+nlohmann::json ModelsList(const v1::ListModelsResponse& models, int64_t created);
+
+}  // namespace tandem::http

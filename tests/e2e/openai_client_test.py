@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""End-to-end: the official OpenAI Python client against a local cluster started with `tandem up`.
+
+Completions and chat, whole and streamed, the model list, and errors mapped to the client's
+exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
+the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
+
+    .venv-e2e/bin/python openai_client_test.py --tandem build/services/cli/tandem
+"""
+import argparse
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import unittest
+
+try:
+    import openai
+except ImportError:  # reported by the test class below
+    openai = None
+
+ARGS = None
+KEY = "e2e-key"
+MODEL = "tandem-target"
+PROMPT = "def fibonacci(n):"
+
+
+def start_cluster(tandem):
+    """Runs `tandem up` on ports the OS picks; returns (process, HTTP base URL)."""
+    process = subprocess.Popen(
+        [tandem, "up", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--api-key", KEY],
+        stdout=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+
+    def pump():
+        for line in process.stdout:
+            lines.put(line)
+            sys.stderr.write("[tandem up] " + line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    base_url = None
+    while True:
+        try:
+            line = lines.get(timeout=180)
+        except queue.Empty:
+            process.kill()
+            raise RuntimeError("tandem up did not announce the router within 180 s")
+        if line is None:
+            process.wait()
+            raise RuntimeError(f"tandem up exited with status {process.returncode} before "
+                               "announcing the router")
+        match = re.match(r"tandem up: openai\s+(http://\S+)", line)
+        if match:
+            base_url = match.group(1)
+        if line.startswith("tandem up listening on "):
+            if base_url is None:
+                process.kill()
+                raise RuntimeError("tandem up announced no OpenAI-compatible HTTP address")
+            return process, base_url
+
+
+@unittest.skipIf(openai is None, "the openai package is not installed: run scripts/setup.sh "
+                 "--e2e and use .venv-e2e/bin/python")
+class OpenAIClientTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.process, cls.base_url = start_cluster(ARGS.tandem)
+        cls.client = openai.OpenAI(base_url=cls.base_url, api_key=KEY, max_retries=0,
+                                   timeout=300)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.process.send_signal(signal.SIGTERM)
+        try:
+            status = cls.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            cls.process.kill()
+            raise
+        assert status == 0, f"tandem up exited with status {status} after SIGTERM"
+
+    def complete(self, **kwargs):
+        return self.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16,
+                                              temperature=0, extra_body={"mode": "ar"}, **kwargs)
+
+    def test_models(self):
+        ids = [model.id for model in self.client.models.list()]
+        self.assertEqual(ids, [MODEL])
+
+    def test_completion_whole_and_streamed(self):
+        whole = self.complete()
+        self.assertEqual(whole.object, "text_completion")
+        self.assertEqual(whole.model, MODEL)
+        self.assertEqual(len(whole.choices), 1)
+        text = whole.choices[0].text
+        self.assertTrue(text)
+        self.assertIn(whole.choices[0].finish_reason, ("stop", "length"))
+        self.assertGreater(whole.usage.prompt_tokens, 0)
+        self.assertGreater(whole.usage.completion_tokens, 0)
+        self.assertLessEqual(whole.usage.completion_tokens, 16)
+        self.assertEqual(whole.usage.total_tokens,
+                         whole.usage.prompt_tokens + whole.usage.completion_tokens)
+
+        chunks = list(self.complete(stream=True, stream_options={"include_usage": True}))
+        self.assertGreater(len(chunks), 2, "the completion should arrive in several chunks")
+        streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+        self.assertEqual(streamed, text, "greedy streaming must give the whole response's text")
+        finishes = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices]
+        self.assertIn(finishes[-1], ("stop", "length"))
+        self.assertTrue(all(reason is None for reason in finishes[:-1]))
+        self.assertEqual(chunks[-1].usage.completion_tokens, whole.usage.completion_tokens)
+
+    def test_chat_whole_and_streamed(self):
+        messages = [{"role": "system", "content": "You write Python."},
+                    {"role": "user", "content": "Write a function that adds two numbers."}]
+        whole = self.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                                    temperature=0, extra_body={"mode": "ar"})
+        self.assertEqual(whole.object, "chat.completion")
+        message = whole.choices[0].message
+        self.assertEqual(message.role, "assistant")
+        self.assertTrue(message.content)
+        self.assertLessEqual(whole.usage.completion_tokens, 12)
+
+        stream = self.client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"mode": "ar"})
+        chunks = list(stream)
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks
+                          if chunk.choices)
+        self.assertEqual(content, message.content)
+        with_choices = [chunk for chunk in chunks if chunk.choices]
+        self.assertIn(with_choices[-1].choices[0].finish_reason, ("stop", "length"))
+        self.assertEqual(chunks[-1].usage.total_tokens, whole.usage.total_tokens)
+
+    def test_errors_map_to_client_exceptions(self):
+        wrong_key = openai.OpenAI(base_url=self.base_url, api_key="not-the-key", max_retries=0)
+        with self.assertRaises(openai.AuthenticationError) as caught:
+            wrong_key.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+        self.assertEqual(caught.exception.status_code, 401)
+        wrong_key.close()
+
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(n=2)
+        self.assertEqual(caught.exception.status_code, 400)
+        self.assertEqual(caught.exception.param, "n")
+
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
+        self.assertIn("max_tokens", caught.exception.message)
+
+        with self.assertRaises(openai.NotFoundError) as caught:
+            self.client.chat.completions.create(model="gpt-4o", max_tokens=4,
+                                                messages=[{"role": "user", "content": "hi"}])
+        self.assertEqual(caught.exception.code, "model_not_found")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tandem", required=True, help="the tandem executable")
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest)

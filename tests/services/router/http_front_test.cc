@@ -1,0 +1,374 @@
+// HttpFront against a scripted Generation service on an in-process channel: what HTTP clients
+// see for streams, whole responses, errors, API keys and clients that go away.
+#include "services/router/http_front.h"
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+// Prompts script the answer: "fail:N" ends with gRPC code N before any output, "late-fail"
+// fails after one chunk, "slow" streams until cancelled; anything else is "Hel" "lo" " world".
+class ScriptedGeneration final : public v1::Generation::Service {
+ public:
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    {
+      absl::MutexLock lock(&mu_);
+      last_request_ = *request;
+      auto it = context->client_metadata().find("authorization");
+      last_authorization_ = it == context->client_metadata().end()
+                                ? ""
+                                : std::string(it->second.data(), it->second.size());
+    }
+    const std::string& prompt = request->prompt();
+    int code = 0;
+    if (absl::StartsWith(prompt, "fail:") && absl::SimpleAtoi(prompt.substr(5), &code)) {
+      return grpc::Status(static_cast<grpc::StatusCode>(code), "scripted failure");
+    }
+    v1::GenerateResponse message;
+    if (prompt == "slow") {
+      while (!context->IsCancelled()) {
+        message.set_text("x");
+        if (!writer->Write(message)) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      slow_cancelled_ = true;
+      return grpc::Status::CANCELLED;
+    }
+    message.set_text("Hel");
+    message.set_mode("ar");
+    writer->Write(message);
+    if (prompt == "late-fail") {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "verifier went away");
+    }
+    message.set_text("lo");
+    writer->Write(message);
+    message.set_text(" world");
+    message.set_finish_reason("stop");
+    message.mutable_usage()->set_prompt_tokens(4);
+    message.mutable_usage()->set_completion_tokens(3);
+    writer->Write(message);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListModels(grpc::ServerContext*, const v1::ListModelsRequest*,
+                          v1::ListModelsResponse* reply) override {
+    v1::ModelInfo* model = reply->add_models();
+    model->set_id("m");
+    model->add_modes("ar");
+    model->set_max_context(64);
+    return grpc::Status::OK;
+  }
+
+  v1::GenerateRequest last_request() {
+    absl::MutexLock lock(&mu_);
+    return last_request_;
+  }
+  std::string last_authorization() {
+    absl::MutexLock lock(&mu_);
+    return last_authorization_;
+  }
+  std::atomic<bool> slow_cancelled_{false};
+
+ private:
+  absl::Mutex mu_;
+  v1::GenerateRequest last_request_ ABSL_GUARDED_BY(mu_);
+  std::string last_authorization_ ABSL_GUARDED_BY(mu_);
+};
+
+class HttpFrontTest : public ::testing::Test {
+ protected:
+  void Start(std::vector<std::string> keys = {}) {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    auto front = HttpFront::Start({.listen = "127.0.0.1:0",
+                                   .api_keys = ApiKeys(keys),
+                                   .ready = [this] { return ready_.load(); },
+                                   .threads = 8},
+                                  server_->InProcessChannel(grpc::ChannelArguments()));
+    ASSERT_TRUE(front.ok()) << front.status();
+    front_ = std::move(*front);
+    const std::string& address = front_->address();
+    int port = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) << address;
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", port);
+    client_->set_read_timeout(10, 0);
+  }
+
+  void TearDown() override {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (front_) front_->Stop();
+  }
+
+  httplib::Result Post(const std::string& path, const std::string& body,
+                       const httplib::Headers& headers = {}) {
+    return client_->Post(path.c_str(), headers, body, "application/json");
+  }
+
+  // The JSON of each "data: " event, and whether the stream ended with [DONE].
+  static std::vector<json> Events(const std::string& body, bool* done) {
+    std::vector<json> events;
+    *done = false;
+    for (absl::string_view event : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+      EXPECT_TRUE(absl::StartsWith(event, "data: ")) << event;
+      const std::string data(event.substr(6));
+      if (data == "[DONE]") {
+        *done = true;
+        continue;
+      }
+      EXPECT_FALSE(*done) << "an event after [DONE]";
+      events.push_back(json::parse(data));
+    }
+    return events;
+  }
+
+  ScriptedGeneration service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HttpFront> front_;
+  std::unique_ptr<httplib::Client> client_;
+  std::atomic<bool> ready_{true};
+};
+
+TEST_F(HttpFrontTest, CompletionWhole) {
+  Start();
+  auto res = Post("/v1/completions", R"({"model": "m", "prompt": "p", "max_tokens": 5})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], "m");
+  EXPECT_EQ(body["choices"][0]["text"], "Hello world");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body["usage"]["total_tokens"], 7);
+  EXPECT_TRUE(absl::StartsWith(body["id"].get<std::string>(), "cmpl-"));
+  const v1::GenerateRequest sent = service_.last_request();
+  EXPECT_EQ(sent.prompt(), "p");
+  EXPECT_EQ(sent.max_tokens(), 5);
+  EXPECT_EQ(sent.request_id(), body["id"]);
+}
+
+TEST_F(HttpFrontTest, ChatWholeDefaultsToTheRestOfTheContext) {
+  Start();
+  auto res = Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["object"], "chat.completion");
+  // No model named: the only one.
+  EXPECT_EQ(body["model"], "m");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "Hello world");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(service_.last_request().max_tokens(), 63);
+  EXPECT_EQ(service_.last_request().chat().messages(0).content(), "hi");
+}
+
+TEST_F(HttpFrontTest, CompletionStream) {
+  Start();
+  auto res = Post("/v1/completions", R"({"prompt": "p", "stream": true})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  bool done = false;
+  std::vector<json> events = Events(res->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(events.size(), 4u);  // three texts, then the finish
+  std::string text;
+  for (const json& event : events) {
+    EXPECT_EQ(event["object"], "text_completion");
+    EXPECT_EQ(event["id"], events[0]["id"]);
+    EXPECT_FALSE(event.contains("usage"));
+    text += event["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "Hello world");
+  EXPECT_TRUE(events[0]["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(HttpFrontTest, ChatStreamWithUsage) {
+  Start();
+  auto res = Post("/v1/chat/completions",
+                  R"({"messages": [{"role": "user", "content": "p"}], "stream": true,
+                      "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(res);
+  bool done = false;
+  std::vector<json> events = Events(res->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(events.size(), 6u);  // role, three contents, finish, usage
+  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_EQ(events[i]["object"], "chat.completion.chunk");
+    EXPECT_TRUE(events[i]["usage"].is_null());
+    text += events[i]["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, "Hello world");
+  EXPECT_EQ(events[4]["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(events[5]["choices"].empty());
+  EXPECT_EQ(events[5]["usage"],
+            json({{"prompt_tokens", 4}, {"completion_tokens", 3}, {"total_tokens", 7}}));
+}
+
+TEST_F(HttpFrontTest, GrpcErrorsBecomeHttpStatuses) {
+  Start();
+  const std::pair<grpc::StatusCode, int> cases[] = {
+      {grpc::StatusCode::INVALID_ARGUMENT, 400}, {grpc::StatusCode::UNAUTHENTICATED, 401},
+      {grpc::StatusCode::NOT_FOUND, 404},        {grpc::StatusCode::RESOURCE_EXHAUSTED, 429},
+      {grpc::StatusCode::UNAVAILABLE, 503},      {grpc::StatusCode::DEADLINE_EXCEEDED, 504},
+      {grpc::StatusCode::INTERNAL, 500},
+  };
+  for (const auto& [code, status] : cases) {
+    for (const char* stream : {"false", "true"}) {
+      auto res =
+          Post("/v1/completions", absl::StrCat(R"({"prompt": "fail:)", static_cast<int>(code),
+                                               R"(", "stream": )", stream, "}"));
+      ASSERT_TRUE(res);
+      EXPECT_EQ(res->status, status) << code << " stream " << stream;
+      EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+      json body = json::parse(res->body);
+      EXPECT_EQ(body["error"]["message"], "scripted failure");
+      EXPECT_EQ(res->has_header("Retry-After"), status == 429 || status == 503);
+    }
+  }
+}
+
+TEST_F(HttpFrontTest, ErrorAfterTheStreamStartedIsAnEvent) {
+  Start();
+  auto res = Post("/v1/completions", R"({"prompt": "late-fail", "stream": true})");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  bool done = false;
+  std::vector<json> events = Events(res->body, &done);
+  EXPECT_FALSE(done);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1]["error"]["message"], "verifier went away");
+  EXPECT_EQ(events[1]["error"]["code"], "unavailable");
+}
+
+TEST_F(HttpFrontTest, RequestErrors) {
+  Start();
+  auto bad_json = Post("/v1/completions", "{nope");
+  ASSERT_TRUE(bad_json);
+  EXPECT_EQ(bad_json->status, 400);
+  EXPECT_THAT(json::parse(bad_json->body)["error"]["message"].get<std::string>(),
+              HasSubstr("not valid JSON"));
+  auto n2 =
+      Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 2})");
+  ASSERT_TRUE(n2);
+  EXPECT_EQ(n2->status, 400);
+  EXPECT_EQ(json::parse(n2->body)["error"]["param"], "n");
+  auto unknown = Post("/v1/completions", R"({"model": "gpt-4", "prompt": "x"})");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  json error = json::parse(unknown->body)["error"];
+  EXPECT_EQ(error["code"], "model_not_found");
+  EXPECT_THAT(error["message"].get<std::string>(), HasSubstr("this router serves: m"));
+  auto no_route = client_->Get("/v1/nothing");
+  ASSERT_TRUE(no_route);
+  EXPECT_EQ(no_route->status, 404);
+  EXPECT_THAT(json::parse(no_route->body)["error"]["message"].get<std::string>(),
+              HasSubstr("/v1/nothing"));
+}
+
+TEST_F(HttpFrontTest, ModelsHealthReady) {
+  Start();
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200);
+  json list = json::parse(models->body);
+  EXPECT_EQ(list["object"], "list");
+  EXPECT_EQ(list["data"][0]["id"], "m");
+  auto health = client_->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto ready = client_->Get("/ready");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 200);
+  ready_ = false;
+  auto not_ready = client_->Get("/ready");
+  ASSERT_TRUE(not_ready);
+  EXPECT_EQ(not_ready->status, 503);
+}
+
+TEST_F(HttpFrontTest, ApiKeys) {
+  Start({"k1", "k2"});
+  const std::string body = R"({"prompt": "p"})";
+  auto missing = Post("/v1/completions", body);
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 401);
+  EXPECT_EQ(json::parse(missing->body)["error"]["code"], "invalid_api_key");
+  auto wrong = Post("/v1/completions", body, {{"Authorization", "Bearer k3"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  auto good = Post("/v1/completions", body, {{"Authorization", "Bearer k2"}});
+  ASSERT_TRUE(good);
+  EXPECT_EQ(good->status, 200) << good->body;
+  // The key travels on to the Generation service, which checks it too.
+  EXPECT_EQ(service_.last_authorization(), "Bearer k2");
+  auto health = client_->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto ready = client_->Get("/ready");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 200);
+}
+
+TEST_F(HttpFrontTest, ClientThatGoesAwayCancelsTheUpstreamCall) {
+  Start();
+  int chunks = 0;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.body = R"({"prompt": "slow", "stream": true})";
+  request.set_header("Content-Type", "application/json");
+  request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    return ++chunks < 3;  // hang up after a few chunks
+  };
+  httplib::Response response;
+  httplib::Error error = httplib::Error::Success;
+  client_->send(request, response, error);
+  EXPECT_GE(chunks, 3);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!service_.slow_cancelled_ && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(service_.slow_cancelled_);
+}
+
+TEST(SplitHostPortTest, Forms) {
+  auto v4 = SplitHostPort("127.0.0.1:8471");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->first, "127.0.0.1");
+  EXPECT_EQ(v4->second, 8471);
+  auto v6 = SplitHostPort("[::1]:0");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->first, "::1");
+  EXPECT_FALSE(SplitHostPort("localhost").ok());
+  EXPECT_FALSE(SplitHostPort(":80").ok());
+  EXPECT_FALSE(SplitHostPort("h:70000").ok());
+}
+
+}  // namespace
+}  // namespace tandem

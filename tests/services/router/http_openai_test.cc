@@ -1,0 +1,268 @@
+#include "services/router/http_openai.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::http {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+v1::GenerateRequest ParseOk(Api api, const std::string& body) {
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(api, body);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  return parsed.ok() ? parsed->request : v1::GenerateRequest();
+}
+
+absl::Status ParseError(Api api, const std::string& body) {
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(api, body);
+  EXPECT_FALSE(parsed.ok()) << body;
+  return parsed.ok() ? absl::OkStatus() : parsed.status();
+}
+
+TEST(HttpOpenAiTest, CompletionWithEveryParameter) {
+  absl::StatusOr<ParsedRequest> parsed =
+      ParseRequest(Api::kCompletions,
+                   R"({"model": "m", "prompt": "def f(x):", "max_tokens": 7, "temperature": 0.5,
+          "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 1234, "stop": ["\n\n", "END"],
+          "stop_token_ids": [2], "mode": "spec", "n": 1, "stream": true,
+          "stream_options": {"include_usage": true}, "user": "ignored", "presence_penalty": 0})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const v1::GenerateRequest& request = parsed->request;
+  EXPECT_EQ(request.model(), "m");
+  EXPECT_EQ(request.prompt(), "def f(x):");
+  EXPECT_EQ(request.max_tokens(), 7);
+  EXPECT_TRUE(parsed->max_tokens_set);
+  EXPECT_FLOAT_EQ(request.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(request.sampling().top_p(), 0.9f);
+  EXPECT_EQ(request.sampling().top_k(), 40);
+  EXPECT_FLOAT_EQ(request.sampling().min_p(), 0.05f);
+  ASSERT_TRUE(request.sampling().has_seed());
+  EXPECT_EQ(request.sampling().seed(), 1234u);
+  EXPECT_THAT(request.stop(), ::testing::ElementsAre("\n\n", "END"));
+  EXPECT_THAT(request.stop_token_ids(), ::testing::ElementsAre(2));
+  EXPECT_EQ(request.mode(), "spec");
+  EXPECT_TRUE(parsed->stream);
+  EXPECT_TRUE(parsed->include_usage);
+}
+
+TEST(HttpOpenAiTest, CompletionDefaultsFollowOpenAi) {
+  absl::StatusOr<ParsedRequest> parsed =
+      ParseRequest(Api::kCompletions, R"({"prompt": "hi", "stop": "x"})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->request.max_tokens(), kDefaultCompletionMaxTokens);
+  EXPECT_FALSE(parsed->max_tokens_set);
+  EXPECT_FLOAT_EQ(parsed->request.sampling().temperature(), 1.0f);
+  EXPECT_FALSE(parsed->request.sampling().has_seed());
+  EXPECT_EQ(parsed->request.model(), "");
+  EXPECT_THAT(parsed->request.stop(), ::testing::ElementsAre("x"));
+  EXPECT_FALSE(parsed->stream);
+}
+
+TEST(HttpOpenAiTest, PromptForms) {
+  EXPECT_THAT(ParseOk(Api::kCompletions, R"({"prompt": [1, 2, 3]})").token_ids().ids(),
+              ::testing::ElementsAre(1, 2, 3));
+  EXPECT_THAT(ParseOk(Api::kCompletions, R"({"prompt": [[4, 5]]})").token_ids().ids(),
+              ::testing::ElementsAre(4, 5));
+  EXPECT_EQ(ParseOk(Api::kCompletions, R"({"prompt": ["one"]})").prompt(), "one");
+  // An empty prompt goes on to the router's checks, which answer for every client alike.
+  v1::GenerateRequest empty = ParseOk(Api::kCompletions, R"({"prompt": ""})");
+  EXPECT_EQ(empty.input_case(), v1::GenerateRequest::kPrompt);
+  EXPECT_EQ(empty.prompt(), "");
+}
+
+TEST(HttpOpenAiTest, ChatMessages) {
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(Api::kChat,
+                                                      R"({"model": "m", "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hello "},
+                                         {"type": "text", "text": "there"}]},
+            {"role": "assistant", "content": null}],
+          "max_completion_tokens": 9})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const v1::ChatMessages& chat = parsed->request.chat();
+  ASSERT_EQ(chat.messages_size(), 3);
+  EXPECT_EQ(chat.messages(0).role(), "system");
+  EXPECT_EQ(chat.messages(0).content(), "be brief");
+  EXPECT_EQ(chat.messages(1).role(), "user");
+  EXPECT_EQ(chat.messages(1).content(), "hello there");
+  EXPECT_EQ(chat.messages(2).content(), "");
+  EXPECT_EQ(parsed->request.max_tokens(), 9);
+  // Chat has no fixed default: the caller fills in the rest of the context.
+  absl::StatusOr<ParsedRequest> no_max =
+      ParseRequest(Api::kChat, R"({"messages": [{"role": "user", "content": "x"}]})");
+  ASSERT_TRUE(no_max.ok());
+  EXPECT_FALSE(no_max->max_tokens_set);
+  EXPECT_EQ(no_max->request.max_tokens(), 0);
+}
+
+TEST(HttpOpenAiTest, MalformedJsonNamesTheProblem) {
+  absl::Status status = ParseError(Api::kCompletions, R"({"prompt": "x",)");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("not valid JSON"));
+  EXPECT_THAT(std::string(ParseError(Api::kChat, "[1]").message()), HasSubstr("JSON object"));
+}
+
+TEST(HttpOpenAiTest, RefusalsNameTheParameter) {
+  struct Case {
+    Api api;
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {Api::kCompletions, R"({"prompt": "x", "n": 2})", "n"},
+      {Api::kCompletions, R"({"prompt": "x", "best_of": 3})", "best_of"},
+      {Api::kCompletions, R"({"prompt": "x", "logprobs": 2})", "logprobs"},
+      {Api::kCompletions, R"({"prompt": "x", "echo": true})", "echo"},
+      {Api::kCompletions, R"({"prompt": "x", "frequency_penalty": 0.5})", "frequency_penalty"},
+      {Api::kCompletions, R"({"prompt": ["a", "b"]})", "prompt"},
+      {Api::kCompletions, R"({"prompt": 3})", "prompt"},
+      {Api::kCompletions, R"({"prompt": [1, -2]})", "prompt"},
+      {Api::kCompletions, R"({})", "prompt"},
+      {Api::kCompletions, R"({"prompt": "x", "max_tokens": "ten"})", "max_tokens"},
+      {Api::kCompletions, R"({"prompt": "x", "max_tokens": 1.5})", "max_tokens"},
+      {Api::kCompletions, R"({"prompt": "x", "temperature": "hot"})", "temperature"},
+      {Api::kCompletions, R"({"prompt": "x", "seed": -1})", "seed"},
+      {Api::kCompletions, R"({"prompt": "x", "stop": [1]})", "stop"},
+      {Api::kCompletions, R"({"prompt": "x", "stream": "yes"})", "stream"},
+      {Api::kCompletions, R"({"prompt": "x", "stream_options": {"include_usage": true}})",
+       "stream_options"},
+      {Api::kCompletions, R"({"prompt": "x", "model": 5})", "model"},
+      {Api::kChat, R"({"messages": []})", "messages"},
+      {Api::kChat, R"({"messages": "hi"})", "messages"},
+      {Api::kChat, R"({"messages": [{"role": "tool", "content": "x"}]})", "messages[0].role"},
+      {Api::kChat, R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       "messages[0].content"},
+      {Api::kChat, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{}]})", "tools"},
+  };
+  for (const Case& c : cases) {
+    absl::Status status = ParseError(c.api, c.body);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(ParamOf(status), c.param) << c.body << ": " << status;
+  }
+  // Defaults of the unsupported parameters are accepted.
+  ParseOk(Api::kCompletions,
+          R"({"prompt": "x", "n": 1, "best_of": 1, "logprobs": null, "echo": false,
+              "frequency_penalty": 0, "logit_bias": {}})");
+  ParseOk(Api::kChat, R"({"messages": [{"role": "user", "content": "x"}], "tools": [],
+                          "response_format": {"type": "text"}})");
+}
+
+ResponseMeta Meta() { return {.id = "cmpl-1", .created = 1700000000, .model = "m"}; }
+
+v1::Usage Usage(int prompt, int completion) {
+  v1::Usage usage;
+  usage.set_prompt_tokens(prompt);
+  usage.set_completion_tokens(completion);
+  return usage;
+}
+
+TEST(HttpOpenAiTest, FinalResponsesHaveOpenAiShape) {
+  Collected collected;
+  v1::GenerateResponse first;
+  first.set_text("Hello");
+  first.set_mode("spec");
+  v1::GenerateResponse last;
+  last.set_text(" world");
+  last.set_finish_reason("length");
+  *last.mutable_usage() = Usage(3, 2);
+  Collect(first, &collected);
+  Collect(last, &collected);
+
+  json completion = FinalResponse(Api::kCompletions, Meta(), collected);
+  EXPECT_EQ(completion["id"], "cmpl-1");
+  EXPECT_EQ(completion["object"], "text_completion");
+  EXPECT_EQ(completion["created"], 1700000000);
+  EXPECT_EQ(completion["model"], "m");
+  ASSERT_EQ(completion["choices"].size(), 1u);
+  EXPECT_EQ(completion["choices"][0]["text"], "Hello world");
+  EXPECT_EQ(completion["choices"][0]["index"], 0);
+  EXPECT_EQ(completion["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(completion["usage"],
+            json({{"prompt_tokens", 3}, {"completion_tokens", 2}, {"total_tokens", 5}}));
+  EXPECT_EQ(completion["tandem"]["mode"], "spec");
+
+  json chat = FinalResponse(Api::kChat, Meta(), collected);
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"],
+            json({{"role", "assistant"}, {"content", "Hello world"}}));
+  EXPECT_FALSE(chat["choices"][0].contains("text"));
+}
+
+TEST(HttpOpenAiTest, StreamChunks) {
+  json role = RoleChunk(Meta(), false);
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(role["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(role.contains("usage"));
+
+  json content = ContentChunk(Api::kChat, Meta(), "hi", "", true);
+  EXPECT_EQ(content["choices"][0]["delta"], json({{"content", "hi"}}));
+  EXPECT_TRUE(content["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(content.contains("usage") && content["usage"].is_null());
+
+  json finish = ContentChunk(Api::kChat, Meta(), "", "stop", false);
+  EXPECT_EQ(finish["choices"][0]["delta"], json::object());
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "stop");
+
+  json text = ContentChunk(Api::kCompletions, Meta(), "abc", "", false);
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["text"], "abc");
+
+  json usage = UsageChunk(Api::kCompletions, Meta(), Usage(4, 6));
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 10);
+
+  EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+}
+
+TEST(HttpOpenAiTest, ErrorsMapGrpcCodes) {
+  EXPECT_EQ(HttpStatusFor(grpc::StatusCode::INVALID_ARGUMENT), 400);
+  EXPECT_EQ(HttpStatusFor(grpc::StatusCode::UNAUTHENTICATED), 401);
+  EXPECT_EQ(HttpStatusFor(grpc::StatusCode::NOT_FOUND), 404);
+  EXPECT_EQ(HttpStatusFor(grpc::StatusCode::RESOURCE_EXHAUSTED), 429);
+  EXPECT_EQ(HttpStatusFor(grpc::StatusCode::UNAVAILABLE), 503);
+  EXPECT_EQ(HttpStatusFor(grpc::StatusCode::DEADLINE_EXCEEDED), 504);
+  EXPECT_EQ(HttpStatusFor(grpc::StatusCode::INTERNAL), 500);
+  EXPECT_EQ(HttpStatusFor(grpc::StatusCode::UNKNOWN), 500);
+
+  json error = ErrorBody(400, "bad n", "n");
+  EXPECT_EQ(error, json({{"error",
+                          {{"message", "bad n"},
+                           {"type", "invalid_request_error"},
+                           {"param", "n"},
+                           {"code", "invalid_argument"}}}}));
+  json busy = ErrorBody(429, "busy");
+  EXPECT_TRUE(busy["error"]["param"].is_null());
+  EXPECT_EQ(busy["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(ErrorBody(404, "no", "model", "model_not_found")["error"]["code"], "model_not_found");
+}
+
+TEST(HttpOpenAiTest, ModelsListAndIds) {
+  v1::ListModelsResponse models;
+  v1::ModelInfo* info = models.add_models();
+  info->set_id("tandem-target");
+  info->add_modes("ar");
+  info->set_max_context(512);
+  json list = ModelsList(models, 42);
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 1u);
+  EXPECT_EQ(list["data"][0]["id"], "tandem-target");
+  EXPECT_EQ(list["data"][0]["object"], "model");
+  EXPECT_EQ(list["data"][0]["created"], 42);
+  EXPECT_EQ(list["data"][0]["owned_by"], "tandem");
+  EXPECT_EQ(list["data"][0]["max_context"], 512);
+
+  const std::string a = NewResponseId(Api::kChat);
+  EXPECT_EQ(a.rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(a.size(), 9u + 24u);
+  EXPECT_NE(a, NewResponseId(Api::kChat));
+  EXPECT_EQ(NewResponseId(Api::kCompletions).rfind("cmpl-", 0), 0u);
+}
+
+}  // namespace
+}  // namespace tandem::http
