@@ -11,6 +11,8 @@ namespace {
 
 constexpr absl::Duration kStartTimeout = absl::Seconds(120);
 
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ChildProcess>> StartService(const std::string& name,
                                                            std::vector<std::string> argv,
                                                            std::string* address) {
@@ -21,8 +23,6 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> StartService(const std::string& na
   *address = *announced;
   return std::move(*child);
 }
-
-}  // namespace
 
 std::string TargetModelDir() { return std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target"; }
 

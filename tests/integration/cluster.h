@@ -21,6 +21,10 @@ namespace tandem::testing {
 
 // The bundled target model.
 std::string TargetModelDir();
+// Starts a service binary and waits (up to 2 minutes) for the address it announces.
+absl::StatusOr<std::unique_ptr<ChildProcess>> StartService(const std::string& name,
+                                                           std::vector<std::string> argv,
+                                                           std::string* address);
 // A built binary: $TANDEM_BINARY_DIR (else the build tree this test belongs to) +
 // services/<folder>/<name>.
 std::string BinaryPath(const std::string& folder, const std::string& name);

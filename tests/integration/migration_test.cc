@@ -23,19 +23,6 @@
 namespace tandem::testing {
 namespace {
 
-constexpr absl::Duration kStartTimeout = absl::Seconds(120);
-
-absl::StatusOr<std::unique_ptr<ChildProcess>> StartChild(const std::string& name,
-                                                         std::vector<std::string> argv,
-                                                         std::string* address) {
-  auto child = ChildProcess::Start({.name = name, .argv = std::move(argv)});
-  if (!child.ok()) return child.status();
-  auto announced = (*child)->WaitForAddress(kStartTimeout);
-  if (!announced.ok()) return announced.status();
-  *address = *announced;
-  return std::move(*child);
-}
-
 // Two verifiers on the bundled target model and a router in front of both.
 struct TwoVerifiers {
   std::unique_ptr<ChildProcess> verifiers[2];
@@ -46,18 +33,18 @@ struct TwoVerifiers {
   absl::Status Start() {
     for (int i = 0; i < 2; ++i) {
       auto verifier =
-          StartChild("verifier",
-                     {BinaryPath("verifier", "tandem-verifier"), "--model", TargetModelDir(),
-                      "--listen", "127.0.0.1:0", "--drain-seconds", "60"},
-                     &verifier_addresses[i]);
+          StartService("verifier",
+                       {BinaryPath("verifier", "tandem-verifier"), "--model", TargetModelDir(),
+                        "--listen", "127.0.0.1:0", "--drain-seconds", "60"},
+                       &verifier_addresses[i]);
       if (!verifier.ok()) return verifier.status();
       verifiers[i] = std::move(*verifier);
     }
     auto router_process =
-        StartChild("router",
-                   {BinaryPath("router", "tandem-router"), "--listen", "127.0.0.1:0", "--verifier",
-                    verifier_addresses[0], "--verifier", verifier_addresses[1]},
-                   &router_address);
+        StartService("router",
+                     {BinaryPath("router", "tandem-router"), "--listen", "127.0.0.1:0",
+                      "--verifier", verifier_addresses[0], "--verifier", verifier_addresses[1]},
+                     &router_address);
     if (!router_process.ok()) return router_process.status();
     router = std::move(*router_process);
     return absl::OkStatus();

@@ -27,8 +27,6 @@
 namespace tandem::testing {
 namespace {
 
-constexpr absl::Duration kStartTimeout = absl::Seconds(120);
-
 // A port the OS says is free now (bound to port 0, then released).
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -93,17 +91,6 @@ class RedisServer {
   std::unique_ptr<ChildProcess> process_;
 };
 
-absl::StatusOr<std::unique_ptr<ChildProcess>> StartChild(const std::string& name,
-                                                         std::vector<std::string> argv,
-                                                         std::string* address) {
-  auto child = ChildProcess::Start({.name = name, .argv = std::move(argv)});
-  if (!child.ok()) return child.status();
-  auto announced = (*child)->WaitForAddress(kStartTimeout);
-  if (!announced.ok()) return announced.status();
-  *address = *announced;
-  return std::move(*child);
-}
-
 // The registered records of `role`, read with a client of the test's own.
 std::vector<router::WorkerRecord> Registered(RedisClient& client, const std::string& role) {
   std::vector<router::WorkerRecord> out;
@@ -158,10 +145,10 @@ class RegistryTest : public ::testing::Test {
   // A worker of `folder` registered in this test's Redis; its address.
   std::string StartWorker(const std::string& folder, std::unique_ptr<ChildProcess>* process) {
     std::string address;
-    auto child = StartChild(folder,
-                            {BinaryPath(folder, "tandem-" + folder), "--model", TargetModelDir(),
-                             "--listen", "127.0.0.1:0", "--redis", redis_.address()},
-                            &address);
+    auto child = StartService(folder,
+                              {BinaryPath(folder, "tandem-" + folder), "--model", TargetModelDir(),
+                               "--listen", "127.0.0.1:0", "--redis", redis_.address()},
+                              &address);
     EXPECT_TRUE(child.ok()) << child.status();
     if (child.ok()) *process = std::move(*child);
     return address;
@@ -169,10 +156,10 @@ class RegistryTest : public ::testing::Test {
 
   std::string StartRouter() {
     std::string address;
-    auto child = StartChild("router",
-                            {BinaryPath("router", "tandem-router"), "--listen", "127.0.0.1:0",
-                             "--redis", redis_.address()},
-                            &address);
+    auto child = StartService("router",
+                              {BinaryPath("router", "tandem-router"), "--listen", "127.0.0.1:0",
+                               "--redis", redis_.address()},
+                              &address);
     EXPECT_TRUE(child.ok()) << child.status();
     if (child.ok()) router_ = std::move(*child);
     return address;

@@ -41,14 +41,4 @@ int EngineMailbox::pending_submits() const {
   return pending_submits_;
 }
 
-void LoadBoard::Publish(const EngineLoad& load) {
-  absl::MutexLock lock(&mu_);
-  load_ = load;
-}
-
-EngineLoad LoadBoard::Get() const {
-  absl::MutexLock lock(&mu_);
-  return load_;
-}
-
 }  // namespace tandem

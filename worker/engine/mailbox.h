@@ -67,33 +67,4 @@ class EngineMailbox {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// The engine's load, published by the engine thread after each step.
-class LoadBoard {
- public:
-  void Publish(const EngineLoad& load);
-  EngineLoad Get() const;
-
- private:
-  mutable absl::Mutex mu_;
-  EngineLoad load_ ABSL_GUARDED_BY(mu_);
-};
-
-// A value one thread publishes and any thread reads a copy of.
-template <typename T>
-class Snapshot {
- public:
-  void Publish(T value) {
-    absl::MutexLock lock(&mu_);
-    value_ = std::move(value);
-  }
-  T Get() const {
-    absl::MutexLock lock(&mu_);
-    return value_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  T value_ ABSL_GUARDED_BY(mu_){};
-};
-
 }  // namespace tandem

@@ -2,6 +2,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "worker/engine/actor_mailbox.h"
 #include "worker/engine/chain_drafter.h"
 #include "worker/engine/mailbox.h"
 
@@ -65,8 +66,8 @@ TEST(EngineMailboxTest, TakesMessagesInOrderAndWakesWaiters) {
   EXPECT_FALSE(box.WaitUntil(absl::InfiniteFuture()));  // closed: returns at once
 }
 
-TEST(LoadBoardTest, ReturnsTheLastPublishedLoad) {
-  LoadBoard board;
+TEST(PublishedTest, ReturnsTheLastPublishedLoad) {
+  Published<EngineLoad> board;
   board.Publish({.running = 3, .steps = 9});
   EXPECT_EQ(board.Get().running, 3);
   EXPECT_EQ(board.Get().steps, 9);

@@ -1,0 +1,138 @@
+// Engine: `spec` sequences' drafter sessions, their draft chains and the target hidden states
+// sent to drafters that want them.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/engine_impl.h"
+
+namespace tandem {
+
+void Engine::Impl::DisableDrafting(EngineSequence& seq, absl::Status why) {
+  if (!seq.chain.enabled) return;
+  seq.chain.enabled = false;
+  seq.chain.error = std::move(why);
+  seq.chain.tokens.clear();
+}
+
+void Engine::Impl::OpenSessions(const std::vector<SeqPtr>& candidates) {
+  for (const SeqPtr& seq : candidates) {
+    if (!seq->spec || seq->session_open || !seq->chain.enabled) continue;
+    std::shared_ptr<DraftChannel>& channel = channels_[seq->drafter_address];
+    if (channel == nullptr || !channel->healthy()) {
+      std::weak_ptr<EngineMailbox> mailbox = mailbox_;
+      absl::StatusOr<std::unique_ptr<DraftChannel>> made =
+          drafters_(seq->drafter_address, [mailbox](DraftChain chain) {
+            if (auto box = mailbox.lock()) box->Post(engine_message::Chain{std::move(chain)});
+          });
+      if (!made.ok()) {
+        channel = nullptr;
+        DisableDrafting(*seq, made.status());
+        continue;
+      }
+      channel = std::move(*made);
+    }
+    seq->channel = channel;
+    seq->session_open = true;
+    seq->last_advance = absl::Now();
+    // Rows must start at the first token; a session opened later gets none.
+    if (seq->kv_len == 0) seq->hidden_layers = channel->hidden_layers();
+    const int num_layers = model_->model->config().num_layers;
+    for (int32_t layer : seq->hidden_layers) {
+      if (layer < 0 || layer > num_layers) {
+        seq->hidden_layers.clear();
+        seq->session_open = false;
+        DisableDrafting(*seq, absl::InvalidArgumentError(absl::StrCat(
+                                  "drafter at ", seq->drafter_address, " asks for hidden layer ",
+                                  layer, " but the target has layers 0..", num_layers)));
+        break;
+      }
+    }
+    if (!seq->session_open) continue;
+    absl::Status opened = channel->Open(seq->id, seq->tokens, seq->gamma);
+    if (!opened.ok()) DisableDrafting(*seq, opened);
+  }
+}
+
+void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
+  std::optional<absl::Time> bound;
+  while (true) {
+    const absl::Time now = absl::Now();
+    absl::Time earliest = absl::InfiniteFuture();
+    bool waiting = false;
+    for (const SeqPtr& seq : candidates) {
+      if (!seq->spec || !seq->resident || !seq->session_open || !seq->chain.enabled) continue;
+      if (seq->channel != nullptr && !seq->channel->healthy()) {
+        DisableDrafting(*seq, absl::UnavailableError("the drafter's channel broke"));
+        continue;
+      }
+      if (seq->gamma <= 0 || seq->budget() < 2 ||
+          static_cast<int>(seq->tokens.size()) >= context_ || !ModePlansNext(*seq)) {
+        continue;
+      }
+      if (!seq->chain.Usable(seq->tokens).empty()) continue;
+      const absl::Time due = seq->last_advance + options_.draft_timeout;
+      if (due <= now) continue;
+      waiting = true;
+      earliest = std::min(earliest, due);
+    }
+    if (!waiting) return;
+    if (!bound) bound = earliest;
+    if (now >= *bound || mailbox_->closed()) return;
+    mailbox_->WaitUntil(std::min(earliest, *bound));
+    HandleMessages(mailbox_->TakeAll());
+  }
+}
+
+// Adds the drafter's layers to the extend's taps when it may make KV final for tokens whose
+// states the drafter has not had; nothing at all when the drafter wants none.
+void Engine::Impl::PlanHiddenTaps(Planned& p) const {
+  const EngineSequence& s = *p.seq;
+  if (s.hidden_layers.empty() || !s.session_open || !s.chain.enabled) return;
+  if (s.kv_len + static_cast<int>(p.plan.tokens.size()) <= s.hidden_sent) return;
+  p.taps = p.plan.hidden_layers;
+  for (int32_t layer : s.hidden_layers) {
+    auto it = std::find(p.taps.begin(), p.taps.end(), layer);
+    if (it == p.taps.end()) {
+      p.taps.push_back(layer);
+      it = p.taps.end() - 1;
+    }
+    p.drafter_taps.push_back(static_cast<int>(it - p.taps.begin()));
+  }
+}
+
+// The drafter's rows (bf16) of the tokens whose KV this extend made final (`keep`, from
+// sequence index `kv_before` on) and that it has not been sent yet; empty when none.
+HiddenRows Engine::Impl::FinalHidden(EngineSequence& s, const Planned& p, const ExtendOutput& out,
+                                     std::span<const int32_t> keep, int kv_before) {
+  HiddenRows rows;
+  if (p.taps.empty()) return rows;
+  const int first = std::max(kv_before, s.hidden_sent);
+  const int end = kv_before + static_cast<int>(keep.size());
+  if (end <= first) return rows;
+  const int n = static_cast<int>(p.plan.tokens.size());
+  const int hidden = model_->model->config().hidden_size;
+  if (out.hidden.size() != p.taps.size() * n * static_cast<size_t>(hidden)) {
+    DisableDrafting(s, absl::InternalError(absl::StrCat("the forward returned ", out.hidden.size(),
+                                                        " hidden values for ", p.taps.size(),
+                                                        " taps of ", n, " tokens (engine bug)")));
+    return rows;
+  }
+  rows.layers = static_cast<int>(p.drafter_taps.size());
+  rows.tokens = end - first;
+  rows.hidden_size = hidden;
+  rows.offset = first;
+  rows.bf16.resize(static_cast<size_t>(rows.layers) * rows.tokens * hidden);
+  uint16_t* dst = rows.bf16.data();
+  for (int tap : p.drafter_taps) {
+    for (int pos = first; pos < end; ++pos) {
+      const float* src =
+          out.hidden.data() + (static_cast<size_t>(tap) * n + keep[pos - kv_before]) * hidden;
+      for (int h = 0; h < hidden; ++h) *dst++ = FloatToBf16(src[h]);
+    }
+  }
+  s.hidden_sent = end;
+  return rows;
+}
+
+}  // namespace tandem

@@ -1,0 +1,175 @@
+// Internal to the engine: the per-request state and the actor behind Engine, shared by
+// engine.cc (admission, the step loop, finishing) and engine_drafting.cc (drafter sessions,
+// draft chains and hidden states for `spec`). Everything here is owned by the engine thread
+// unless a member's comment says otherwise.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "worker/decoding/decoding_mode.h"
+#include "worker/engine/actor_mailbox.h"
+#include "worker/engine/chain_drafter.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/mailbox.h"
+
+namespace tandem {
+
+// One request inside the engine. Built and validated by Submit on the caller's thread, then
+// owned by the engine thread alone.
+struct EngineSequence {
+  uint64_t id = 0;
+  std::shared_ptr<SequenceSink> sink;
+  std::unique_ptr<DecodingMode> mode;
+  std::string mode_name;
+  bool lossless = true;
+  SamplingParams sampling;
+
+  std::vector<int32_t> tokens;  // prompt, migrated tokens, then generated tokens: all final
+  int prompt_len = 0;
+  int max_new = 0;    // completion tokens this engine may still add in total
+  int generated = 0;  // completion tokens added here
+  std::unique_ptr<StopChecker> checker;
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  FinishReason replay_finish = FinishReason::kNone;  // the migrated tokens already ended it
+
+  absl::Time submitted;
+  absl::Time deadline = absl::InfiniteFuture();
+  bool scheduled_once = false;
+  bool cancel_requested = false;
+  SequenceUsage usage;
+
+  // Scheduling.
+  bool resident = false;     // in the KV cache and the running set
+  int kv_len = 0;            // leading tokens whose KV is committed
+  int64_t admit_order = -1;  // first admission; preempted sequences keep it
+  bool counted_queued = true;
+
+  // spec: the drafter session (session id = sequence id).
+  bool spec = false;
+  std::string drafter_address;
+  int gamma = 0;
+  DraftChainBuffer chain;
+  std::shared_ptr<DraftChannel> channel;
+  bool session_open = false;
+  absl::Time last_advance;
+  // Target layers whose hidden states the drafter gets (fixed at Open; empty = none), and how
+  // many leading tokens' states it has been sent (recomputed KV does not send them again).
+  std::vector<int32_t> hidden_layers;
+  int hidden_sent = 0;
+
+  int budget() const { return max_new - generated; }
+};
+
+class Engine::Impl {
+ public:
+  Impl(LoadedModel* model, EngineOptions options, DraftChannelFactory drafters, int context)
+      : model_(model),
+        options_(std::move(options)),
+        drafters_(std::move(drafters)),
+        context_(context),
+        mailbox_(std::make_shared<EngineMailbox>()),
+        kv_(model->model->KvOptions(options_.kv_tokens, options_.kv_block_size)) {
+    const Tokenizer& tokenizer = *model_->tokenizer;
+    stop_tokens_ = model_->model->config().eos_token_ids;
+    for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
+      if (auto id = tokenizer.TokenId(name)) stop_tokens_.push_back(*id);
+    }
+    PublishLoad();
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~Impl() {
+    mailbox_->Close();
+    thread_.join();
+  }
+
+  absl::StatusOr<uint64_t> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
+  void Cancel(uint64_t id) { mailbox_->Post(engine_message::Cancel{id}); }
+  void Drain() {
+    draining_.store(true);
+    mailbox_->Post(engine_message::Drain{});
+  }
+  EngineLoad Load() const {
+    EngineLoad load = board_.Get();
+    load.queued += mailbox_->pending_submits();
+    load.draining = draining_.load();
+    return load;
+  }
+  const LoadedModel& model() const { return *model_; }
+
+ private:
+  using SeqPtr = std::shared_ptr<EngineSequence>;
+
+  // One scheduled extend of this step.
+  struct Planned {
+    SeqPtr seq;
+    bool prefill = false;     // an engine-run prefill chunk: no outputs, the mode is not involved
+    bool draft_step = false;  // a spec step that could verify drafts (for fallback metrics)
+    DecodeState state;
+    StepPlan plan;
+    // When the drafter gets hidden states from this extend: the mode's taps followed by the
+    // drafter's layers the mode does not tap, and where each drafter layer is among them.
+    std::vector<int32_t> taps;
+    std::vector<int> drafter_taps;
+  };
+
+  absl::StatusOr<std::unique_ptr<DecodingMode>> MakeMode(const std::string& name,
+                                                         const SequenceRequest& request,
+                                                         EngineSequence* seq) const;
+
+  // Engine thread.
+  void Loop();
+  void HandleMessages(std::vector<EngineMessage> messages);
+  void CheckCancelsAndDeadlines();
+  void Admit();
+  void OpenSessions(const std::vector<SeqPtr>& candidates);
+  void WaitForChains(const std::vector<SeqPtr>& candidates);
+  void Step(const std::vector<SeqPtr>& candidates);
+  void Preempt(const SeqPtr& seq);
+  void Finish(const SeqPtr& seq, FinishReason reason, absl::Status error,
+              std::vector<int32_t> tokens = {}, std::string text = {});
+  void DisableDrafting(EngineSequence& seq, absl::Status why);
+  void PlanHiddenTaps(Planned& p) const;
+  HiddenRows FinalHidden(EngineSequence& s, const Planned& p, const ExtendOutput& out,
+                         std::span<const int32_t> keep, int kv_before);
+  DecodeState StateOf(const EngineSequence& seq) const;
+  bool ModePlansNext(const EngineSequence& seq) const;
+  void PublishLoad();
+
+  LoadedModel* model_;
+  const EngineOptions options_;
+  const DraftChannelFactory drafters_;
+  const int context_;
+  std::vector<int32_t> stop_tokens_;
+
+  // Shared with callers and draft channels.
+  std::shared_ptr<EngineMailbox> mailbox_;
+  Published<EngineLoad> board_;  // published by the engine thread after each step
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<int> queued_{0};  // submitted and not yet admitted (for the queue limit)
+
+  // Engine thread only.
+  KvCache kv_;
+  std::deque<SeqPtr> queue_;
+  std::vector<SeqPtr> running_;  // by admit_order, oldest first
+  std::unordered_map<uint64_t, SeqPtr> live_;
+  std::map<std::string, std::shared_ptr<DraftChannel>> channels_;
+  int64_t admissions_ = 0;
+  int64_t steps_ = 0;
+  int64_t preemptions_ = 0;
+  double step_seconds_ewma_ = 0;
+  double batch_tokens_ewma_ = 0;
+
+  std::thread thread_;
+};
+
+}  // namespace tandem
