@@ -66,7 +66,6 @@ int Run(const Flags& flags) {
   options.default_mode = flags.default_mode;
   options.default_drafter = flags.drafter;
   options.draft_timeout = absl::Milliseconds(flags.draft_timeout_ms);
-  options.mode_defaults.spec_gamma = flags.spec_gamma;
   absl::StatusOr<std::unique_ptr<tandem::Engine>> engine = tandem::Engine::Create(
       &*model, options, tandem::MakeGrpcDraftChannelFactory(flags.client_tls));
   if (!engine.ok()) {
@@ -80,7 +79,9 @@ int Run(const Flags& flags) {
     identity.model_id =
         std::filesystem::path(flags.model).lexically_normal().parent_path().filename().string();
   }
-  tandem::VerifierService service(engine->get(), identity, options.mode_defaults, &metrics);
+  tandem::ModeOptions mode_defaults;
+  mode_defaults.spec_gamma = flags.spec_gamma;
+  tandem::VerifierService service(engine->get(), identity, mode_defaults, &metrics);
   metrics.SetScrapeHook([engine = engine->get()](tandem::ServiceMetrics& m) {
     const tandem::EngineLoad load = engine->Load();
     m.SetQueueDepth(load.queued);

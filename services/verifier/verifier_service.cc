@@ -286,7 +286,6 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
           absl::StrCat("spec_gamma must be -1 (AR steps) or positive, got ", given.spec_gamma()));
     }
     options.spec_gamma = given.spec_gamma() < 0 ? 0 : given.spec_gamma();
-    out.spec_gamma_set = true;
   }
   if (given.jacobi_block_size() != 0) options.jacobi_block_size = given.jacobi_block_size();
   if (given.jacobi_blocks() != 0) options.jacobi_blocks = given.jacobi_blocks();

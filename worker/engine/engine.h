@@ -47,7 +47,6 @@ struct EngineOptions {
   int context = 0;
   // How long a `spec` sequence waits for its drafter's chain before it takes an AR step.
   absl::Duration draft_timeout = absl::Milliseconds(50);
-  ModeOptions mode_defaults;
   // Told about steps, drafts, fallbacks and preemptions on the engine thread (metrics); not
   // owned, may be null, must outlive the engine.
   EngineObserver* observer = nullptr;
@@ -61,9 +60,8 @@ struct SequenceRequest {
   std::vector<int32_t> prompt_ids;
   // Completion tokens already streamed by a previous worker (migration); not streamed again.
   std::vector<int32_t> committed;
-  std::string mode;             // a named mode, or "" / "auto" for the engine's default
-  ModeOptions mode_options;     // already merged with the engine's defaults by the caller
-  bool spec_gamma_set = false;  // mode_options.spec_gamma came from the request
+  std::string mode;          // a named mode, or "" / "auto" for the engine's default
+  ModeOptions mode_options;  // the caller merges its defaults in (0 fields are not special here)
   SamplingParams sampling;
   int max_tokens = 0;  // > 0
   std::vector<std::string> stop_strings;

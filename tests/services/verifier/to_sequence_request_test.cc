@@ -68,7 +68,6 @@ TEST_F(ToSequenceRequestTest, CopiesEveryField) {
   EXPECT_THAT(out->committed, ElementsAre(11, 12));
   EXPECT_EQ(out->drafter, "127.0.0.1:9");
   EXPECT_EQ(out->mode_options.spec_gamma, 6);
-  EXPECT_TRUE(out->spec_gamma_set);
   EXPECT_EQ(out->mode_options.jacobi_block_size, 16);  // the default, untouched
 }
 
