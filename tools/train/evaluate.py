@@ -36,6 +36,8 @@ import corpus as corpus_lib  # noqa: E402
 import data  # noqa: E402
 import diffusion  # noqa: E402
 import export  # noqa: E402
+import idlm  # noqa: E402
+import sdlm  # noqa: E402
 import tokenizer as tokenizer_lib  # noqa: E402
 
 EVAL_SEQ_LEN = 256
@@ -47,6 +49,7 @@ NEW_TOKENS = 32
 PROMPT_OFFSETS = (1 / 3, 1 / 2, 2 / 3, 1 / 4, 3 / 4)  # fractions of a file's tokens
 MIN_GREEDY_GAP = 0.02  # logits; engines agree with transformers to about 1e-5
 DRAFT_WIDTH = 8  # linear self-speculation k
+ISD_WINDOWS = 256  # held-out windows for the I-DLM mask-pathway metrics (about 65k tokens)
 # Confidence thresholds of the block-diffusion reference decodes: 0.9 is the usual setting
 # for large models; a toy model is rarely that sure, so 0.5 shows multi-token commits too.
 DIFFUSION_THRESHOLDS = (0.9, 0.5)
@@ -333,6 +336,20 @@ def run(folder: Path, threads: int = 1) -> dict:
         print(f"held-out diffusion loss {result['diffusion']['loss']:.4f} "
               f"(fully masked {result['diffusion']['fully_masked_loss']:.4f})", flush=True)
 
+    nsp_capable = "nsp" in config.get("tandem", {}).get("modes", [])
+    if nsp_capable:
+        result["nsp"] = sdlm.block_metrics(model, windows, config["block_size"], mask_id)
+        print(f"held-out SDLM block loss {result['nsp']['loss']:.4f}, top-1 by slot "
+              f"{[round(x, 3) for x in result['nsp']['top1_by_slot']]}", flush=True)
+
+    if "isd" in config.get("tandem", {}).get("modes", []):
+        result["isd"] = idlm.metrics(model, windows[:ISD_WINDOWS], config["block_size"], mask_id)
+        agree = [b["argmax_agreement"] for b in result["isd"]["by_mask"]]
+        result["isd"]["appendix_b_tpf_greedy"] = {
+            str(n): idlm.appendix_b_tpf(agree, n) for n in range(2, len(agree) + 2)}
+        print(f"held-out I-DLM mask loss {result['isd']['mask_loss']:.4f}, greedy acceptance "
+              f"by mask {[round(a, 3) for a in agree]}", flush=True)
+
     cases, max_diff = hf_greedy(folder, tok, corpus.heldout, model)
     result["transformers_vs_training_module_max_abs_logit_diff"] = max_diff
     for c in cases:
@@ -364,6 +381,10 @@ def run(folder: Path, threads: int = 1) -> dict:
               "diffusion: " + ", ".join(f"{d['tokens_per_forward']:.2f} tokens/forward at "
                                           f"{d['threshold']}" for d in summary["diffusion"]),
               flush=True)
+    if nsp_capable:
+        result["nsp"]["decodes"] = sdlm.references(model, cases, mask_id, config["block_size"],
+                                                   NEW_TOKENS)
+        print(f"nsp: {result['nsp']['decodes']}", flush=True)
     result["eval_wall_seconds"] = round(time.time() - t0, 1)
     (folder / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -59,15 +59,35 @@ def hf_config(recipe: Recipe, tok: Tokenizer) -> dict:
             "recipe": recipe.name,
             "description": recipe.description,
             "modes": list(recipe.modes),
-            "diffusion": {
-                "block_size": recipe.block_size,
-                "mask_token_id": specials[tokenizer_lib.MASK],
-                # Logits of a <|mask|> at position p predict the token at p (AR logits at p
-                # predict p + 1). See tools/train/diffusion.py.
-                "prediction": "same_position",
-                "attention": "masked block bidirectional within itself + causal clean prefix",
-            },
-        },
+            # A separate drafter names its role and the model it drafts for.
+            **({"role": "drafter", "drafter_for": f"models/{recipe.distill.target}"}
+               if recipe.distill else {}),
+        } | ({"nsp": {
+            "block_size": recipe.block_size,
+            "mask_token_id": specials[tokenizer_lib.MASK],
+            # Noise block [x[T-1], <|mask|> x (D-1)] at positions T-1..T+D-2: row p predicts
+            # p + 1, like AR logits. See tools/train/sdlm.py.
+            "prediction": "shifted",
+            "attention": "noise block bidirectional within itself + causal prefix before "
+                         "its first (anchor) token",
+            "base_model": recipe.init_from,
+        }} if recipe.objective == "sdlm" else {"isd": {
+            "block_size": recipe.block_size,
+            "max_stride": recipe.block_size + 1,
+            "mask_token_id": specials[tokenizer_lib.MASK],
+            # Logits at p predict p + 1 for clean and <|mask|> tokens alike; the k-th mask
+            # after the clean tail proposes the token k + 1 places past it. See idlm.py.
+            "prediction": "shifted",
+            "attention": "strictly causal: masks see the clean prefix and earlier masks",
+            "base_model": recipe.init_from,
+        }} if recipe.objective == "idlm" else {"diffusion": {
+            "block_size": recipe.block_size,
+            "mask_token_id": specials[tokenizer_lib.MASK],
+            # Logits of a <|mask|> at position p predict the token at p (AR logits at p
+            # predict p + 1). See tools/train/diffusion.py.
+            "prediction": "same_position",
+            "attention": "masked block bidirectional within itself + causal clean prefix",
+        }}),
     }
 
 

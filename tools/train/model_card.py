@@ -33,11 +33,96 @@ def _files_table(folder: Path) -> str:
         "eval.json": "held-out metrics",
         "fixtures/greedy.json": "transformers greedy continuations (engine golden test)",
         "fixtures/modes.json": "reference self-speculation / diffusion decodes",
+        "bench.json": "`tandem bench modes --modes ar,spec --json` against the target (engine)",
     }
     for name, desc in what.items():
         if (folder / name).exists():
             rows.append(f"| `{name}` | {_size(folder / name)} | {desc} |")
     return "\n".join(rows)
+
+
+BENCH_COMMAND = ("build/services/cli/tandem bench modes --model models/tandem-target "
+                 "--drafter models/tandem-drafter --modes ar,spec --json "
+                 "> models/tandem-drafter/bench.json")
+
+
+def _engine_rows(bench: dict) -> str:
+    """The `tandem bench modes` JSON summed over prompt categories, one row per variant."""
+    sums: dict[str, dict] = {}
+    for r in bench["results"]:
+        t = sums.setdefault(r["variant"], {"tokens": 0, "forwards": 0, "drafter_forwards": 0,
+                                           "steps": 0, "drafted": 0, "accepted": 0,
+                                           "seconds": 0.0, "exact": 0.0, "prompts": 0})
+        t["tokens"] += r["tokens"]
+        t["forwards"] += r["forwards"]
+        t["drafter_forwards"] += r["drafter_forwards"]
+        t["steps"] += r["steps_with_drafts"]
+        t["drafted"] += r["drafted_tokens"]
+        t["accepted"] += r["accepted_tokens"]
+        t["seconds"] += r["seconds"]
+        t["exact"] += r["exact_match_sequences"] * r["prompts"]
+        t["prompts"] += r["prompts"]
+    ar_speed = sums["ar"]["tokens"] / sums["ar"]["seconds"] if "ar" in sums else None
+    lines = ["| variant | TPF | acc.len | drafts accepted | drafter forwards | tok/s (CPU) | "
+             "speed vs AR | seq=AR |", "|---|---|---|---|---|---|---|---|"]
+    for name, t in sums.items():
+        acc = f"{(t['accepted'] + t['steps']) / t['steps']:.2f}" if t["steps"] else "-"
+        rate = f"{t['accepted'] / t['drafted']:.0%}" if t["drafted"] else "-"
+        speed = t["tokens"] / t["seconds"]
+        lines.append(f"| `{name}` | {t['tokens'] / t['forwards']:.2f} | {acc} | {rate} | "
+                     f"{t['drafter_forwards']} | {speed:.0f} | "
+                     f"{speed / ar_speed if ar_speed else 0:.2f}x | "
+                     f"{t['exact'] / t['prompts']:.0%} |")
+    return "\n".join(lines)
+
+
+def _drafter_section(folder: Path, cfg: dict, tr: dict, ev: dict) -> str:
+    d, al = tr["distill"], ev["drafter"]
+    target = cfg["tandem"]["drafter_for"]
+    slots = ", ".join(f"{a:.0%}" for a in al["block_diffusion"]["per_slot_agreement"])
+    out = f"""
+## Drafting for `{target}`
+
+**Distillation data** (`tools/train/distill.py`): {d['rows']:,d} rows of {d['row_len']} tokens, each
+a prompt of {'/'.join(str(x) for x in d['prompt_lens'])} tokens (one length per batch of 64) cut
+from the train split at seeded offsets, followed by `{target}`'s greedy continuation (fp32,
+KV-cached, batched; generated in {d['generation_seconds'] / 60:.1f} min, part of the training wall
+time above, and cached under the training work folder). `tokenizer.json` is the target's, byte
+for byte. Every training batch is {1 - d['raw_fraction']:.0%} distilled rows and
+{d['raw_fraction']:.0%} raw train windows, so the drafter learns what the target emits while still
+seeing the corpus.
+
+**Alignment with the target** on {al['prompts']} held-out prompts of {al['prompt_len']} tokens,
+over the target's {al['new_tokens']}-token greedy continuation g (`eval.json` `drafter`):
+
+| drafter pathway | positions where the draft equals g | mean accepted of a k = {al['block_size']} draft |
+|---|---|---|
+| AR (next token given the prompt and g so far) | **{al['ar']['agreement']:.1%}** | {al['ar']['mean_accepted_of_k']:.2f} |
+| block diffusion ({al['block_size']} `<|mask|>` after the clean prefix) | {al['block_diffusion']['agreement']:.1%} | {al['block_diffusion']['mean_accepted_of_k']:.2f} |
+
+Block-diffusion agreement by slot: {slots}. "Accepted" is the run of agreeing positions from a
+draft's start, which a lossless verifier accepts (plus the one token it adds itself).
+"""
+    bench_path = folder / "bench.json"
+    if bench_path.exists():
+        bench = json.loads(bench_path.read_text())
+        out += f"""
+**In the engine** (`spec`: speculative decoding of `{bench['model']}` with this drafter, γ = 4
+drafts per step, `spec gamma=N`: N; greedy, {bench['max_tokens']} new tokens per prompt, the prompts of
+`{bench['prompts_file']}`, {bench['threads']} thread(s); `bench.json`):
+
+{_engine_rows(bench)}
+
+TPF: completion tokens per target forward; acc.len: tokens committed per drafting step
+(accepted drafts + 1). TPF, acc.len and seq=AR do not depend on the machine; tok/s does (the
+CPU pays for every drafter forward and for the wider verify extends, and the machine may be
+shared), so read it as indicative only. Command:
+
+```sh
+{BENCH_COMMAND}
+```
+"""
+    return out
 
 
 def render(folder: Path) -> str:
@@ -188,6 +273,8 @@ the fully masked slot accuracies above), so the block-diffusion mode commits abo
 per forward at usual thresholds and self-speculation accepts about one draft per cycle. The
 model exercises the modes' mechanics and losslessness; it does not show their speed-ups.
 """)
+    if ev.get("drafter") and tr.get("distill"):
+        out.append(_drafter_section(folder, cfg, tr, ev))
     modes_served = ", ".join(f"`{x}`" for x in cfg.get("tandem", {}).get("modes", ["ar"]))
     out.append(f"""
 ## Modes
@@ -217,6 +304,12 @@ transformers'.
 Same library versions and thread count give the same weights (steps and batches are fixed by
 the recipe). The training data is the Python standard library, under the PSF License.
 """)
+    if recipe.get("objective") == "idlm":
+        import idlm
+        return idlm.patch_card("".join(out), folder, cfg, tr, ev, _engine_rows)
+    if recipe.get("objective") == "sdlm":
+        import sdlm
+        return sdlm.patch_card("".join(out), folder, cfg, tr, ev, _engine_rows)
     return "".join(out)
 
 

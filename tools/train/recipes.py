@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from distill import DistillSpec
 from model import ModelConfig
 
 
@@ -42,6 +43,15 @@ class Recipe:
     grad_clip: float = 1.0
     seed: int = 20240611
     budget_minutes: int = 60  # wall-clock budget the step counts were sized for
+    # Layout of the alpha-weighted loss: "diffusion" (diffusion.py, same-position masked
+    # blocks), "sdlm" (sdlm.py, shifted all-masked blocks) or "idlm" (idlm.py, all-masked
+    # causal introspective-consistency training; alpha unused, the loss is auto-balanced).
+    objective: str = "diffusion"
+    # Bundled model folder (under models/) whose weights and tokenizer the run starts from;
+    # None = random init and a tokenizer trained from the corpus.
+    init_from: str | None = None
+    # Separate drafter: distil from this target's greedy continuations (distill.py).
+    distill: DistillSpec | None = None
 
     @property
     def total_steps(self) -> int:
@@ -94,7 +104,92 @@ TARGET = Recipe(
     modes=("ar", "diffusion", "self_spec", "self_spec_quadratic"),
 )
 
-RECIPES = {r.name: r for r in (TARGET,)}
+# SDLM (Sequential Diffusion Language Models, §3.2-3.3) converted from the bundled AR target,
+# as SDLM converts a pretrained AR model (block size 1 is next-token prediction): same
+# architecture, weights and tokenizer, then L_AR + 1.0 x L_SDLM on the parallel layout of
+# sdlm.py (a clean causal stream plus L/D - 1 all-masked noise blocks [x[a], <|mask|> x 3],
+# shifted prediction). Block size D = 4, SDLM's main setting. Lower peak lr than from scratch
+# (a fine-tune). Sizing: a step of 4 sequences (256 clean + 252 noise tokens each) took about
+# 10 s on one thread of the reference machine while it was shared with other training and
+# compile jobs, so 140 steps fit the 25 min budget.
+SDLM = Recipe(
+    name="sdlm",
+    description="SDLM: next-sequence prediction (shifted all-masked blocks of 4) from the target",
+    model=TARGET.model,
+    stages=(Stage(name="sdlm", steps=140, alpha=1.0),),
+    modes=("ar", "nsp"),
+    batch_size=4,
+    block_size=4,
+    peak_lr=1e-3,
+    warmup_steps=20,
+    budget_minutes=25,
+    objective="sdlm",
+    init_from="tandem-target",
+)
 
-# Planned next (see tools/train/README.md): "drafter-bd" (separate small block-diffusion
-# drafter), "drafter-dflash" (conditioned on target hidden states), "idlm", "sdlm".
+# I-DLM (§3.1): converts the bundled AR target into an introspective diffusion model, as the
+# paper converts a pretrained AR model: same weights and tokenizer, then one stage of
+# all-masked causal training with logit shift and the auto-balanced loss (idlm.py). Block 4:
+# the masks learn to predict 2..5 tokens past the clean tail, serving ISD strides N <= 5 (the
+# paper serves N = 2..8 from an 8B model; a 4M model's far proposals are rarely accepted).
+# Fine-tuning lr (a third of the target's peak). Sizing: a step runs 2 x 256 tokens with an
+# explicit mask, the cost of the target's stage 2: 2.3-4.7 s/step on one quiet core of the
+# reference machine, 6-19 s/step with three trainings and compile jobs sharing its two cores,
+# so 100 steps fit the 25 min budget on the busy machine.
+IDLM = Recipe(
+    name="idlm",
+    description="I-DLM: the AR target converted by introspective-consistency training (ISD)",
+    model=TARGET.model,
+    stages=(Stage(name="idlm", steps=100, alpha=1.0),),
+    modes=("ar", "isd"),
+    block_size=4,
+    peak_lr=1e-3,
+    warmup_steps=20,
+    decay_fraction=0.3,
+    budget_minutes=25,
+    objective="idlm",
+    init_from="tandem-target",
+)
+
+# Separate drafter for `spec` (SimSD / SDAR-style): a much smaller Qwen3 decoder with the
+# target's tokenizer, trained from scratch with the target's tri-mode objective (AR, then AR +
+# 0.3 x block diffusion) so it drafts autoregressively (the engine's spec mode and drafter
+# service) and as a block-diffusion drafter. Data: 75% of every batch are the target's own
+# greedy continuations of train-split prompts (distill.py; 1536 rows of 129 tokens, prompts
+# of 16-64 tokens), 25% raw train windows, so drafts align with what the target emits.
+# 3 layers of width 128 with a tied 4096 x 128 embedding: 0.97M parameters (1.9 MB bf16),
+# about 4.3x fewer multiply-adds per token than the target. Rows of 128 tokens, 16 per step:
+# the target's tokens per step. Sizing: on one thread of the reference machine shared with
+# other jobs, generating the rows took about 4 min (64 rows per 10 s), an AR step 1.1-1.9 s
+# and a joint step 3.1-3.8 s (the 4096-way output layer dominates at this width), so
+# 360 + 180 steps plus evaluation fit the 30 min budget.
+DRAFTER = Recipe(
+    name="drafter",
+    description="separate drafter for tandem-target: AR + block diffusion, distilled from the "
+                "target's greedy continuations",
+    model=ModelConfig(
+        vocab_size=4096,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+    ),
+    stages=(
+        Stage(name="ar", steps=360, alpha=0.0),
+        Stage(name="joint", steps=180, alpha=0.3),
+    ),
+    modes=("ar", "diffusion", "self_spec", "self_spec_quadratic"),
+    seq_len=128,
+    batch_size=16,
+    budget_minutes=30,
+    distill=DistillSpec(target="tandem-target", rows=1536),
+)
+
+RECIPES = {r.name: r for r in (TARGET, SDLM, DRAFTER, IDLM)}
+
+# Planned next (see tools/train/README.md): "drafter-dflash" (conditioned on target hidden
+# states), "idlm".

@@ -22,8 +22,11 @@ import torch  # noqa: E402
 import corpus as corpus_lib  # noqa: E402
 import data  # noqa: E402
 import diffusion  # noqa: E402
+import distill  # noqa: E402
 import evaluate  # noqa: E402
 import export  # noqa: E402
+import idlm  # noqa: E402
+import sdlm  # noqa: E402
 import tokenizer as tokenizer_lib  # noqa: E402
 from model import ModelConfig, Qwen3LM  # noqa: E402
 from recipes import TARGET, Stage  # noqa: E402
@@ -248,6 +251,190 @@ class ReferenceDecodeTest(unittest.TestCase):
         ss = evaluate.linear_self_spec(model, prompt, 299, 4)
         self.assertEqual(ss["continuation_ids"], seq[len(prompt):])
         self.assertTrue(all(0 <= a <= 4 for a in ss["accepted_per_cycle"]))
+
+
+class DistillTest(unittest.TestCase):
+    def test_cached_greedy_equals_full_forward_argmax(self):
+        model = tiny_model(seed=5)
+        prompts = torch.randint(0, 290, (3, 12), generator=torch.Generator().manual_seed(4))
+        got = distill.greedy_continue(model, prompts, 10)
+        seq = prompts.clone()
+        with torch.no_grad():
+            for _ in range(10):
+                seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        self.assertTrue(torch.equal(got, seq[:, 12:]))
+
+    def test_rows_are_prompt_then_target_greedy_and_reproducible(self):
+        model = tiny_model(seed=6)
+        stream = np.random.default_rng(0).integers(0, 290, 3000).astype(np.int32)
+        spec = distill.DistillSpec(target="x", rows=5, prompt_lens=(8, 16), gen_batch=2)
+        rows, plens = distill.build_rows(model, stream, spec, 25, log=lambda *a, **k: None)
+        again, _ = distill.build_rows(model, stream, spec, 25, log=lambda *a, **k: None)
+        self.assertTrue(np.array_equal(rows, again))
+        self.assertEqual(rows.shape, (5, 25))
+        for row, p in zip(rows, plens):
+            self.assertIn(int(p), (8, 16))
+            # The prompt is a window of the stream; the rest is the model's greedy continuation.
+            starts = [i for i in range(len(stream) - p) if np.array_equal(stream[i:i + p], row[:p])]
+            self.assertTrue(starts)
+            cont = distill.greedy_continue(model, torch.from_numpy(row[None, :p].astype(np.int64)),
+                                           25 - int(p))
+            self.assertEqual(cont[0].tolist(), row[p:].tolist())
+
+    def test_sampler_mixes_distilled_rows_and_raw_windows(self):
+        rows = np.full((6, 17), 7, dtype=np.int32)
+        stream = np.arange(1000, dtype=np.int32)
+        sampler = distill.BatchSampler(rows, stream, raw_fraction=0.25)
+        batch = sampler(data.step_rng(1, 0, 3), 8, 17)
+        self.assertEqual(batch.shape, (8, 17))
+        self.assertTrue(bool((batch[:6] == 7).all()))
+        self.assertTrue(bool((batch[6:, 1:] - batch[6:, :-1] == 1).all()))  # stream windows
+        self.assertTrue(torch.equal(batch, sampler(data.step_rng(1, 0, 3), 8, 17)))
+        with self.assertRaises(ValueError):
+            sampler(data.step_rng(1, 0, 3), 8, 16)
+
+    def test_alignment_of_a_model_with_itself_is_total_for_ar(self):
+        model = tiny_model(seed=7)
+        stream = np.random.default_rng(1).integers(0, 290, 2000).astype(np.int32)
+        a = distill.alignment(model, model, stream, 4, 299, prompts=3, prompt_len=8, new_tokens=8)
+        self.assertEqual(a["ar"]["agreement"], 1.0)
+        self.assertEqual(a["ar"]["mean_accepted_of_k"], 4.0)
+        self.assertEqual(len(a["block_diffusion"]["per_slot_agreement"]), 4)
+        self.assertLessEqual(a["block_diffusion"]["agreement"], 1.0)
+
+
+class SdlmLayoutTest(unittest.TestCase):
+    """sdlm.py: the parallel layout computes, for every block, exactly the standalone inference
+    forward of that block (prefix causal, then [x[a], <|mask|> x (D-1)] bidirectional)."""
+
+    L, D, MASK = 24, 4, 299
+
+    def test_mask_positions_and_targets(self):
+        tokens = torch.arange(self.L + 1)[None].repeat(2, 1)
+        inputs, positions, mask, ar_t, blk_t = sdlm.build_batch(
+            tokens, np.array([0, 3]), self.D, self.MASK)
+        K = self.L // self.D - 1
+        self.assertEqual(inputs.shape, (2, self.L + K * self.D))
+        for b, r in enumerate((0, 3)):
+            for k, a in enumerate(sdlm.anchors(r, self.L, self.D)):
+                rows = self.L + k * self.D + torch.arange(self.D)
+                self.assertEqual(inputs[b, rows].tolist(), [a] + [self.MASK] * (self.D - 1))
+                self.assertEqual(positions[b, rows].tolist(), list(range(a, a + self.D)))
+                self.assertEqual(blk_t[b, k * self.D:(k + 1) * self.D].tolist(),
+                                 list(range(a + 1, a + 1 + self.D)))
+                for i in rows.tolist():
+                    seen = mask[b, i].nonzero().flatten().tolist()
+                    self.assertEqual(seen, list(range(a)) + rows.tolist())
+            self.assertFalse(mask[b, :self.L, self.L:].any())  # clean never reads noise
+            self.assertTrue(torch.equal(mask[b, :self.L, :self.L],
+                                        torch.ones(self.L, self.L).tril().bool()))
+        self.assertTrue(torch.equal(ar_t, tokens[:, 1:]))
+
+    def test_parallel_layout_equals_standalone_block_forwards(self):
+        model = tiny_model(5)
+        g = torch.Generator().manual_seed(9)
+        tokens = torch.randint(0, 290, (2, self.L + 1), generator=g)
+        offsets = np.array([1, 2])
+        inputs, positions, mask, _, _ = sdlm.build_batch(tokens, offsets, self.D, self.MASK)
+        with torch.no_grad():
+            logits = model(inputs, positions, mask)
+            causal = model(tokens[:, :self.L])
+            self.assertLess(float((logits[:, :self.L] - causal).abs().max()), 1e-4)
+            for b in range(2):
+                for k, a in enumerate(sdlm.anchors(int(offsets[b]), self.L, self.D)):
+                    seq = tokens[b, :a + 1].tolist() + [self.MASK] * (self.D - 1)
+                    m = torch.ones(len(seq), len(seq)).tril().bool()
+                    m[a:, a:] = True
+                    want = model(torch.tensor([seq]), mask=m)[0, a:]
+                    got = logits[b, self.L + k * self.D:self.L + (k + 1) * self.D]
+                    self.assertLess(float((want - got).abs().max()), 1e-4, (b, k))
+
+    def test_block_size_one_is_next_token_prediction(self):
+        model = tiny_model(6)
+        tokens = torch.randint(0, 290, (1, self.L + 1), generator=torch.Generator().manual_seed(3))
+        inputs, positions, mask, ar_t, blk_t = sdlm.build_batch(tokens, np.array([0]), 1, self.MASK)
+        with torch.no_grad():
+            logits = model(inputs, positions, mask)
+        K = self.L - 1
+        # Block k holds x[k] alone and predicts x[k+1]: the AR row k, targets included.
+        self.assertLess(float((logits[0, self.L:] - logits[0, :K]).abs().max()), 1e-4)
+        self.assertTrue(torch.equal(blk_t[0], ar_t[0, :K]))
+
+    def test_reference_decodes(self):
+        model = tiny_model(7)
+        prompt = list(range(10, 30))
+        seq = list(prompt)
+        with torch.no_grad():
+            for _ in range(10):
+                seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+        cases = [{"prompt_ids": prompt, "continuation_ids": seq[len(prompt):]}]
+        ref = sdlm.references(model, cases, self.MASK, self.D, 10)
+        self.assertTrue(ref["verified"]["all_match_ar_greedy"])
+        full = sdlm.longest_prefix_decode(model, prompt, 10, self.MASK, self.D, 0.0)
+        self.assertEqual(full["forwards"], 3)  # tau 0 keeps whole blocks: 4 + 4 + 2
+        one = sdlm.longest_prefix_decode(model, prompt, 10, self.MASK, self.D, 1.0)
+        self.assertEqual(one["forwards"], 10)
+
+
+class IdlmLayoutTest(unittest.TestCase):
+    L, S = 16, 4
+
+    def test_mask_is_strictly_causal_and_blockwise(self):
+        L, S = self.L, self.S
+        m = idlm.idlm_mask(L, S)
+        for i in range(L):
+            for j in range(L):
+                self.assertEqual(bool(m[L + i, L + j]), j <= i)  # clean: causal
+                self.assertFalse(bool(m[L + i, j]))  # clean never sees masks
+                self.assertEqual(bool(m[i, j]), j // S == i // S and j <= i)
+                self.assertEqual(bool(m[i, L + j]), j < (i // S) * S)
+
+    def test_no_row_sees_what_it_predicts(self):
+        """Changing x[j] leaves a clean row i < j and a mask row whose block starts at or
+        before j unchanged: neither reads the token it (or a later row) is trained on."""
+        L, S = self.L, self.S
+        model = tiny_model(3)
+        tokens = torch.randint(0, TINY.vocab_size - 1, (1, L + 1),
+                               generator=torch.Generator().manual_seed(0))
+        layout = (idlm.idlm_mask(L, S), idlm.idlm_positions(L))
+        mask_id = TINY.vocab_size - 1
+        with torch.no_grad():
+            base = model(idlm.build_batch(tokens, mask_id)[0], layout[1], layout[0])
+            for j in (5, 9):
+                changed = tokens.clone()
+                changed[0, j] = (changed[0, j] + 1) % (TINY.vocab_size - 1)
+                out = model(idlm.build_batch(changed, mask_id)[0], layout[1], layout[0])
+                same = (out - base).abs().amax(-1)[0] < 1e-5
+                for i in range(L):
+                    self.assertEqual(bool(same[L + i]), i < j, f"clean row {i}, x[{j}] changed")
+                    self.assertEqual(bool(same[i]), (i // S) * S <= j, f"mask row {i}, x[{j}]")
+
+    def test_auto_balanced_loss(self):
+        model = tiny_model(4)
+        tokens = torch.randint(0, TINY.vocab_size - 1, (2, self.L + 1),
+                               generator=torch.Generator().manual_seed(1))
+        layout = (idlm.idlm_mask(self.L, self.S), idlm.idlm_positions(self.L))
+        loss, clean, masked, s = idlm.losses(model, tokens, TINY.vocab_size - 1, layout)
+        self.assertAlmostEqual(s.item(), masked.item() / clean.item(), places=5)
+        self.assertAlmostEqual(loss.item(), 2 * masked.item(), places=5)
+        # s is a constant: the gradient is grad(L_mask) + s * grad(L_clean).
+        loss.backward()
+        got = model.lm_head.weight.grad.clone()
+        model.zero_grad()
+        _, clean2, masked2, _ = idlm.losses(model, tokens, TINY.vocab_size - 1, layout)
+        (masked2 + s.item() * clean2).backward()
+        torch.testing.assert_close(got, model.lm_head.weight.grad)
+        # The clean rows are a plain causal AR forward.
+        with torch.no_grad():
+            ar = torch.nn.functional.cross_entropy(
+                model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        self.assertAlmostEqual(clean.item(), ar.item(), places=5)
+
+    def test_appendix_b_tpf(self):
+        for n in (2, 3, 5):
+            self.assertAlmostEqual(idlm.appendix_b_tpf([1.0] * (n - 1), n), n)
+            self.assertAlmostEqual(idlm.appendix_b_tpf([0.0] * (n - 1), n), 1.0)
+        self.assertAlmostEqual(idlm.appendix_b_tpf([0.5, 0.5], 3), 2.5 / 1.75)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ so) when the machine is much slower than the one the recipe was sized on.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -61,7 +62,10 @@ import torch.nn.functional as F  # noqa: E402
 import corpus as corpus_lib  # noqa: E402
 import data  # noqa: E402
 import diffusion  # noqa: E402
+import distill  # noqa: E402
 import export  # noqa: E402
+import idlm  # noqa: E402
+import sdlm  # noqa: E402
 import tokenizer as tokenizer_lib  # noqa: E402
 from model import Qwen3LM, count_parameters  # noqa: E402
 from recipes import RECIPES, Recipe, Stage  # noqa: E402
@@ -94,11 +98,18 @@ def make_optimizer(model: Qwen3LM, recipe: Recipe) -> torch.optim.Optimizer:
 def step_loss(model, recipe: Recipe, stage: Stage, rng, stream, mask_token_id, dual, device):
     """Returns (loss, ar_loss, diff_loss or None, masked token count)."""
     L = recipe.seq_len
-    tokens = data.sample_windows(rng, stream, recipe.batch_size, L + 1).to(device)
+    # stream: a token array, or a batch sampler (distill.BatchSampler) for distilled recipes.
+    sample = stream if callable(stream) else functools.partial(data.sample_windows, stream=stream)
+    tokens = sample(rng, batch=recipe.batch_size, length=L + 1).to(device)
     if stage.alpha == 0.0:
         logits = model(tokens[:, :-1])
         ar = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         return ar, ar, None, 0
+    if recipe.objective == "sdlm":
+        return sdlm_step_loss(model, recipe, stage, rng, tokens, mask_token_id, device)
+    if recipe.objective == "idlm":  # logged as ar = L_clean, diff = L_mask
+        loss, clean, masked, _ = idlm.losses(model, tokens, mask_token_id, dual)
+        return loss, clean, masked, tokens.shape[0] * L
     noise = diffusion.sample_block_masks(rng, recipe.batch_size, L, recipe.block_size)
     inputs, ar_targets, diff_targets = diffusion.build_dual_stream_batch(
         tokens.cpu(), noise, mask_token_id)
@@ -111,6 +122,18 @@ def step_loss(model, recipe: Recipe, stage: Stage, rng, stream, mask_token_id, d
     diff = F.cross_entropy(logits[:, L:].flatten(0, 1), diff_targets.to(device).flatten(),
                            ignore_index=-100, reduction="sum") / n_masked
     return ar + stage.alpha * diff, ar, diff, n_masked
+
+
+def sdlm_step_loss(model, recipe: Recipe, stage: Stage, rng, tokens, mask_token_id, device):
+    """L_AR on the clean stream + alpha * L_SDLM, the mean CE over every noise-block row."""
+    L = recipe.seq_len
+    offsets = sdlm.sample_offsets(rng, recipe.batch_size, recipe.block_size)
+    inputs, positions, mask, ar_targets, block_targets = sdlm.build_batch(
+        tokens.cpu(), offsets, recipe.block_size, mask_token_id)
+    logits = model(inputs.to(device), positions.to(device), mask.to(device))
+    ar = F.cross_entropy(logits[:, :L].flatten(0, 1), ar_targets.to(device).flatten())
+    blk = F.cross_entropy(logits[:, L:].flatten(0, 1), block_targets.to(device).flatten())
+    return ar + stage.alpha * blk, ar, blk, block_targets.numel()
 
 
 def log_record(step: int, stage: Stage, lr: float, window: list, elapsed: float) -> dict:
@@ -147,7 +170,13 @@ def train(args: argparse.Namespace) -> int:
     t_start = time.time()
 
     corpus = corpus_lib.load()
-    tok = tokenizer_lib.train([f.text for f in corpus.train], recipe.model.vocab_size)
+    # A conversion keeps its base model's tokenizer, a drafter its target's.
+    tok_from = recipe.init_from or (recipe.distill.target if recipe.distill else None)
+    if tok_from:
+        tok = tokenizers.Tokenizer.from_file(
+            str(REPO_ROOT / "models" / tok_from / "tokenizer.json"))
+    else:
+        tok = tokenizer_lib.train([f.text for f in corpus.train], recipe.model.vocab_size)
     specials = tokenizer_lib.special_ids(tok)
     eos_id, mask_id = specials[tokenizer_lib.ENDOFTEXT], specials[tokenizer_lib.MASK]
     stream = data.token_stream(tok, corpus.train, eos_id)
@@ -156,9 +185,20 @@ def train(args: argparse.Namespace) -> int:
           f"{len(stream):,d} tokens, held-out {len(corpus.heldout)} files "
           f"{len(held_stream):,d} tokens; prep {time.time() - t_start:.1f}s", flush=True)
 
+    batches, distill_info = stream, None
+    if recipe.distill:  # the target's greedy continuations, cached under --work
+        rows, _, distill_info = distill.load_or_build(
+            REPO_ROOT / "models" / recipe.distill.target, stream, recipe.distill,
+            recipe.seq_len + 1, work)
+        batches = distill.BatchSampler(rows, stream, recipe.distill.raw_fraction)
+
     torch.manual_seed(recipe.seed)
     model = Qwen3LM(recipe.model)
     model.init_weights(torch.Generator().manual_seed(recipe.seed))
+    if recipe.init_from:
+        base, _, _ = export.load(REPO_ROOT / "models" / recipe.init_from)
+        model.load_state_dict(base.state_dict())
+        print(f"initialised from models/{recipe.init_from}", flush=True)
     model.to(device)
     opt = make_optimizer(model, recipe)
     n_params = count_parameters(model)
@@ -178,6 +218,9 @@ def train(args: argparse.Namespace) -> int:
     L = recipe.seq_len
     dual = (diffusion.dual_stream_mask(L, recipe.block_size).to(device),
             diffusion.dual_stream_positions(L).to(device))
+    if recipe.objective == "idlm":
+        dual = (idlm.idlm_mask(L, recipe.block_size).to(device),
+                idlm.idlm_positions(L).to(device))
     deadline = t_start + args.minutes * 60 if args.minutes else None
     truncated = False
     step, window = 0, []
@@ -195,7 +238,7 @@ def train(args: argparse.Namespace) -> int:
             for group in opt.param_groups:
                 group["lr"] = lr
             rng = data.step_rng(recipe.seed, si, local)
-            loss, ar, diff, _ = step_loss(model, recipe, stage, rng, stream, mask_id, dual, device)
+            loss, ar, diff, _ = step_loss(model, recipe, stage, rng, batches, mask_id, dual, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip))
@@ -239,6 +282,7 @@ def train(args: argparse.Namespace) -> int:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "tokenizers": tokenizers.__version__, "numpy": np.__version__},
         "corpus": corpus.stats() | {"train_tokens": len(stream), "heldout_tokens": len(held_stream)},
+        "distill": distill_info,
         "history": history,
     }
     (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -248,6 +292,8 @@ def train(args: argparse.Namespace) -> int:
         import evaluate
         import model_card
         evaluate.run(out, threads=args.threads)
+        if recipe.distill:
+            distill.measure(out, REPO_ROOT / "models" / recipe.distill.target, args.threads)
         model_card.write(out)
     return 0
 
