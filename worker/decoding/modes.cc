@@ -5,7 +5,9 @@
 #include "common/status_macros.h"
 #include "worker/decoding/ar.h"
 #include "worker/decoding/diffusion.h"
+#include "worker/decoding/isd.h"
 #include "worker/decoding/jacobi.h"
+#include "worker/decoding/nsp.h"
 #include "worker/decoding/self_spec.h"
 #include "worker/decoding/self_spec_quadratic.h"
 #include "worker/decoding/spec.h"
@@ -37,7 +39,7 @@ absl::Status CheckDiffusionPathway(std::string_view mode, const ModelConfig& con
 }  // namespace
 
 std::vector<std::string> ImplementedModes() {
-  return {"ar", "jacobi", "spec", "self_spec", "self_spec_quadratic", "diffusion"};
+  return {"ar", "jacobi", "spec", "self_spec", "self_spec_quadratic", "diffusion", "nsp", "isd"};
 }
 
 absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
@@ -115,6 +117,37 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
     TANDEM_RETURN_IF_ERROR(ValidateDiffusionOptions(diffusion, config.vocab_size));
     return std::make_unique<DiffusionMode>(std::move(diffusion), config.vocab_size,
                                            config.max_position_embeddings);
+  }
+  if (name == "nsp") {
+    TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway(name, config, options.nsp_block));
+    if (options.nsp_confidence != "logit" && options.nsp_confidence != "entropy") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nsp confidence must be 'logit' or 'entropy', got '", options.nsp_confidence, "'"));
+    }
+    NspOptions nsp{
+        .block_size = options.nsp_block > 0 ? options.nsp_block : config.diffusion.block_size,
+        .mask_token = *config.diffusion.mask_token_id,
+        .tau = options.nsp_tau,
+        .confidence =
+            options.nsp_confidence == "entropy" ? NspConfidence::kEntropy : NspConfidence::kLogit,
+        .verify = options.nsp_verify,
+        .eos_tokens = {config.eos_token_ids.begin(), config.eos_token_ids.end()}};
+    TANDEM_RETURN_IF_ERROR(ValidateNspOptions(nsp, config.vocab_size));
+    return std::make_unique<NspMode>(std::move(nsp), config.vocab_size,
+                                     config.max_position_embeddings);
+  }
+  if (name == "isd") {
+    if (!config.diffusion.mask_token_id) {
+      return absl::InvalidArgumentError(
+          "mode isd needs a checkpoint with a <|mask|> token: config.json has no mask_token_id "
+          "and tokenizer.json no <|mask|>; use an I-DLM model (models/tandem-idlm)");
+    }
+    const IsdOptions isd{.stride = options.isd_stride,
+                         .tau = options.isd_tau,
+                         .mask_token = *config.diffusion.mask_token_id,
+                         .argmax_proposals = options.isd_argmax_proposals};
+    TANDEM_RETURN_IF_ERROR(ValidateIsdOptions(isd, config.vocab_size));
+    return std::make_unique<IsdMode>(isd, config.vocab_size, config.max_position_embeddings);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown decoding mode '", std::string(name),

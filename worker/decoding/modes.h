@@ -28,7 +28,16 @@ struct ModeOptions {
   float quadratic_lambda = 0.0f;     // self_spec_quadratic: diffusion verifier weight, NLD App. C
   int diffusion_block_size = 0;      // tokens per denoised block; 0 = the model's block size
   float diffusion_threshold = 0.9f;  // unmask slots whose top-1 probability reaches this
-  int spec_gamma = 4;                // spec: draft tokens verified per step (0 = AR steps)
+  // nsp (SDLM next sequence prediction) needs a <|mask|> token and a block size too.
+  int nsp_block = 0;                     // D: tokens predicted per step; 0 = the model's
+  float nsp_tau = 0.9f;                  // keep the longest prefix with confidence product >= tau
+  std::string nsp_confidence = "logit";  // "logit" (eq. 8) or "entropy" (eq. 9)
+  bool nsp_verify = false;               // self-speculative AR verification: lossless
+  int spec_gamma = 4;                    // spec: draft tokens verified per step (0 = AR steps)
+  // isd (I-DLM introspective strided decoding) needs a <|mask|> token.
+  int isd_stride = 4;                // N: tokens proposed per step (1 exact + N - 1 drafts)
+  float isd_tau = 0.0f;              // relaxed acceptance (1 + tau) p / q; 0 = lossless
+  bool isd_argmax_proposals = true;  // drafts = argmax q (I-DLM's choice) or draws from q
   // spec: the drafter model (same vocabulary as the target; may be the target itself). Not
   // owned; must outlive the mode, which drafts with a KV cache of its own.
   Transformer* spec_drafter = nullptr;

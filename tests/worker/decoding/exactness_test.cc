@@ -82,6 +82,33 @@ ModeCase SelfSpecQuadratic(std::string label, int block, int k = 0) {
   return c;
 }
 
+// isd: stride N (one exact token and N - 1 drafts per step), the last token as <|mask|>.
+// Random weights have no trained mask pathway, but greedy outputs repeat, so a mask row's
+// argmax is sometimes the next token and drafts do get accepted.
+ModeCase Isd(std::string label, int stride) {
+  ModeOptions options;
+  options.isd_stride = stride;
+  return {.label = std::move(label),
+          .mode = "isd",
+          .options = options,
+          .draft_len = stride,
+          .mask_block = stride};
+}
+
+// nsp's self-speculative variant: the SDLM block's drafts verified by the AR pathway. Random
+// weights have no trained block pathway, so (as for self_spec) drafts beyond the first are
+// seldom accepted; bundled_model_test measures the trained SDLM model.
+ModeCase NspVerified(std::string label, int block) {
+  ModeOptions options;
+  options.nsp_verify = true;
+  return {.label = std::move(label),
+          .mode = "nsp",
+          .options = options,
+          .draft_len = block,
+          .drafts = false,
+          .mask_block = block};
+}
+
 ModeCase Jacobi(std::string label, int n, int blocks, int candidates, int pool = 64,
                 bool lookup = false) {
   ModeOptions options = JacobiOptions(n, blocks, candidates, pool);
@@ -429,14 +456,16 @@ INSTANTIATE_TEST_SUITE_P(
         SelfSpec("self_spec_b8_k1", 8, 1), SelfSpecQuadratic("self_spec_quadratic_b8", 8),
         SelfSpecQuadratic("self_spec_quadratic_b4", 4),
         SelfSpecQuadratic("self_spec_quadratic_b8_k2", 8, 2),
-        SelfSpecQuadratic("self_spec_quadratic_b8_k1", 8, 1),
+        SelfSpecQuadratic("self_spec_quadratic_b8_k1", 8, 1), NspVerified("nsp_verify_b4", 4),
+        NspVerified("nsp_verify_b8", 8), NspVerified("nsp_verify_b1", 1),
         Spec("spec_g1_perturbed", 1, ModeCase::Drafter::kPerturbed),
         Spec("spec_g3_perturbed", 3, ModeCase::Drafter::kPerturbed),
         Spec("spec_g5_perturbed", 5, ModeCase::Drafter::kPerturbed),
         Spec("spec_g3_independent", 3, ModeCase::Drafter::kIndependent),
         Spec("spec_g1_self", 1, ModeCase::Drafter::kSelf),
         Spec("spec_g3_self", 3, ModeCase::Drafter::kSelf),
-        Spec("spec_g5_self", 5, ModeCase::Drafter::kSelf)),
+        Spec("spec_g5_self", 5, ModeCase::Drafter::kSelf), Isd("isd_n2", 2), Isd("isd_n3", 3),
+        Isd("isd_n4", 4), Isd("isd_n6", 6)),
     [](const ::testing::TestParamInfo<ModeCase>& info) { return info.param.label; });
 
 }  // namespace
