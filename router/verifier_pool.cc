@@ -82,6 +82,22 @@ int VerifierPool::InFlight(size_t index) const {
   return entries_[index].in_flight;
 }
 
+std::optional<VerifierInfo> VerifierPool::Info(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  return entries_[index].info;
+}
+
+void VerifierPool::SetLoad(size_t index, VerifierLoad load) {
+  auto shared = std::make_shared<const VerifierLoad>(std::move(load));
+  absl::MutexLock lock(&mu_);
+  entries_[index].load = std::move(shared);
+}
+
+std::shared_ptr<const VerifierLoad> VerifierPool::Load(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  return entries_[index].load;
+}
+
 std::vector<ModelDescription> VerifierPool::Models() const {
   std::map<std::string, ModelDescription> models;
   {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cost_model.h"
 
 namespace tandem::router {
 
@@ -27,6 +29,14 @@ struct VerifierInfo {
   std::vector<std::string> modes;  // decoding modes it serves
   int max_context = 0;             // the model's context length in tokens
   std::string worker_id;           // changes when the process behind the address restarts
+  std::string default_mode;        // its mode for "auto" requests; "" = not said
+};
+
+// What a verifier's last load report said (WorkerLoad, converted).
+struct VerifierLoad {
+  int running = 0;  // sequences it decodes
+  int queued = 0;   // sequences waiting for KV or a batch slot
+  CostModel cost;   // its measured cost model (empty before it measured anything)
 };
 
 // A model as the cluster serves it: modes are the union over the verifiers that serve it, the
@@ -60,6 +70,11 @@ class VerifierPool {
   void SetHealthy(size_t index, bool healthy);
   bool Healthy(size_t index) const;
   int InFlight(size_t index) const;
+  // The info of the last GetInfo; nullopt before any.
+  std::optional<VerifierInfo> Info(size_t index) const;
+  void SetLoad(size_t index, VerifierLoad load);
+  // The last load report; null before any. Shared, never changed once set.
+  std::shared_ptr<const VerifierLoad> Load(size_t index) const;
 
   // Models of every verifier with info, up or down (a verifier that is briefly down does not
   // make its model unknown), sorted by id.
@@ -82,6 +97,7 @@ class VerifierPool {
     bool healthy = false;
     bool retired = false;
     int in_flight = 0;
+    std::shared_ptr<const VerifierLoad> load;
   };
 
   mutable absl::Mutex mu_;

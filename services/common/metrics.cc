@@ -185,7 +185,10 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
   if (router) {
     mode_decisions_ = r.Counters("tandem_mode_decisions_total",
                                  "The mode chosen for a request and why (pinned, policy, "
-                                 "default)");
+                                 "hysteresis, no_data, default)");
+    mode_goodput_ = r.Gauges("tandem_mode_goodput_tokens_per_second",
+                             "The mode policy's goodput estimate per candidate mode at its last "
+                             "decision");
     migrations_ = r.Counters("tandem_migrations_total",
                              "Streams moved to another verifier (verifier_failed)");
     for (const char* reason : {"verifier_failed"}) {
@@ -308,6 +311,10 @@ void ServiceMetrics::AddModeDecision(const std::string& mode, const std::string&
   if (mode_decisions_ != nullptr) {
     mode_decisions_->Add({{"mode", mode}, {"reason", reason}}).Increment();
   }
+}
+
+void ServiceMetrics::SetModeGoodputEstimate(const std::string& mode, double tokens_per_second) {
+  if (mode_goodput_ != nullptr) mode_goodput_->Add({{"mode", mode}}).Set(tokens_per_second);
 }
 
 void ServiceMetrics::AddMigration(const std::string& reason) {

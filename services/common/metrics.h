@@ -96,7 +96,10 @@ class ServiceMetrics {
   void AddDrafterFallback(const std::string& reason);  // "late" | "drafter_down"
 
   // Router.
+  // `reason`: pinned | policy | hysteresis | no_data | default (router/mode_policy.h).
   void AddModeDecision(const std::string& mode, const std::string& reason);
+  // The mode policy's goodput estimate of a candidate mode at its last decision.
+  void SetModeGoodputEstimate(const std::string& mode, double tokens_per_second);
   void AddMigration(const std::string& reason);  // "verifier_failed"
   void SetWorkerUp(const std::string& worker, const std::string& role, bool up);
 
@@ -130,6 +133,7 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Counter>* accepted_tokens_ = nullptr;
   prometheus::Family<prometheus::Counter>* accepted_position_ = nullptr;
   prometheus::Family<prometheus::Counter>* mode_decisions_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* mode_goodput_ = nullptr;
   prometheus::Family<prometheus::Counter>* migrations_ = nullptr;
   prometheus::Family<prometheus::Gauge>* worker_up_ = nullptr;
   prometheus::Gauge* drafter_sessions_ = nullptr;

@@ -8,6 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/cleanup/cleanup.h"
 #include "absl/time/time.h"
+#include "router/mode_policy.h"
 #include "router/registry.h"
 #include "router/verifier_pool.h"
 #include "services/common/metrics.h"
@@ -47,6 +48,26 @@ int main(int argc, char** argv) {
       ->envname("TANDEM_ROUTER_MAX_MIGRATIONS")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  bool mode_policy_on = true;
+  tandem::router::ModePolicyOptions policy_options;
+  app.add_option("--mode-policy", mode_policy_on,
+                 "Choose the mode of 'auto' requests from the verifiers' measured cost models "
+                 "(false: the verifier's default mode)")
+      ->envname("TANDEM_ROUTER_MODE_POLICY")
+      ->capture_default_str();
+  app.add_option("--policy-margin", policy_options.margin,
+                 "Relative goodput gain another mode needs to replace the current one")
+      ->envname("TANDEM_ROUTER_POLICY_MARGIN")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--policy-confirm", policy_options.confirm,
+                 "Consecutive decisions the gain must hold before the mode switches")
+      ->envname("TANDEM_ROUTER_POLICY_CONFIRM")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--policy-allow-lossy", policy_options.allow_lossy,
+               "Let the policy choose lossy modes (diffusion) for 'auto' requests too")
+      ->envname("TANDEM_ROUTER_POLICY_ALLOW_LOSSY");
   tandem::AddServerFlags(app, &server_flags, "TANDEM_ROUTER");
   tandem::AddClientTlsFlags(app, &client_tls, "TANDEM_ROUTER");
   tandem::MetricsFlags metrics_flags;
@@ -107,6 +128,8 @@ int main(int argc, char** argv) {
   // Outlives the service, whose calls record in it.
   tandem::ServiceMetrics metrics(tandem::MetricsRole::kRouter);
   options.metrics = &metrics;
+  tandem::router::ModePolicy mode_policy(policy_options);
+  if (mode_policy_on) options.mode_policy = &mode_policy;
   tandem::RouterService service(&pool, &stubs, options);
   // Scrapes run one at a time, so the hook may remember the migrations counted so far.
   metrics.SetScrapeHook(

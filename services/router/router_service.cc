@@ -1,5 +1,6 @@
 #include "services/router/router_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -382,16 +383,46 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
   }
   upstream.set_drafter(options_.drafter.empty() && options_.pick_drafter ? options_.pick_drafter()
                                                                          : options_.drafter);
-  if (options_.metrics != nullptr) {
-    // No policy yet: a request either names its mode or gets the verifier's default.
-    options_.metrics->AddModeDecision(mode, mode == "auto" ? "default" : "pinned");
-  }
+  ChooseMode(*verifier, &upstream);
+
   const RelayEnv env{.pool = pool_,
                      .stubs = stubs_,
                      .max_migrations = options_.max_migrations,
                      .migrations = &migrations_};
   call->Relay(env, *verifier, stub, std::move(upstream), context->deadline());
   return call;
+}
+
+void RouterService::ChooseMode(size_t verifier, v1::VerifyRequest* upstream) {
+  v1::GenerateRequest& request = *upstream->mutable_request();
+  if (!request.mode().empty() && request.mode() != "auto") {
+    if (options_.metrics != nullptr) options_.metrics->AddModeDecision(request.mode(), "pinned");
+    return;
+  }
+  if (options_.mode_policy == nullptr) {
+    if (options_.metrics != nullptr) options_.metrics->AddModeDecision("auto", "default");
+    return;
+  }
+  const std::optional<router::VerifierInfo> info = pool_->Info(verifier);
+  const std::shared_ptr<const router::VerifierLoad> load = pool_->Load(verifier);
+  const CostModel empty;
+  // The verifier's last report is up to a poll old; the router's own streams on it (this one
+  // included) are current.
+  const double sequences = std::max(load != nullptr ? load->running + load->queued + 1.0 : 1.0,
+                                    static_cast<double>(pool_->InFlight(verifier)));
+  const router::ModeDecision decision = options_.mode_policy->Decide(
+      pool_->address(verifier), info ? info->modes : std::vector<std::string>(),
+      load != nullptr ? load->cost : empty, sequences,
+      router::ModeRequestTraits{.greedy = request.sampling().temperature() <= 0},
+      info ? info->default_mode : std::string());
+  // "auto" stays "auto" (no data and a verifier that names no default): its default runs it.
+  if (decision.mode != "auto") request.set_mode(decision.mode);
+  if (options_.metrics != nullptr) {
+    options_.metrics->AddModeDecision(decision.mode, decision.reason);
+    for (const auto& [mode, goodput] : decision.estimates) {
+      options_.metrics->SetModeGoodputEstimate(mode, goodput);
+    }
+  }
 }
 
 grpc::ServerUnaryReactor* RouterService::ListModels(grpc::CallbackServerContext* context,

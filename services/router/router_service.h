@@ -12,6 +12,12 @@
 // sets one when the client gave none), and the client's stream continues where it stopped: no
 // gap, no duplicate. After `max_migrations` such moves the error reaches the client.
 //
+// Mode: a request that names its mode gets it ("pinned"). An "auto" (or empty) request goes to
+// the least-loaded verifier first; then the mode policy (router/mode_policy.h) picks its mode
+// from that verifier's reported cost model at the verifier's load with this request, and the
+// verifier gets that mode by name. Every decision is counted in tandem_mode_decisions_total with
+// its reason.
+//
 // Generate is registered raw (bytes in, bytes out) so that the router parses the request itself
 // and can answer INVALID_ARGUMENT for invalid UTF-8 and oversized requests (request_decode.h).
 //
@@ -28,6 +34,7 @@
 #include <vector>
 
 #include "router/admission.h"
+#include "router/mode_policy.h"
 #include "router/verifier_pool.h"
 #include "services/common/metrics.h"
 #include "services/router/api_keys.h"
@@ -48,6 +55,9 @@ struct RouterOptions {
   ApiKeys api_keys;
   // Request metrics and mode decisions (not owned; null = none). Must outlive every call.
   ServiceMetrics* metrics = nullptr;
+  // Chooses the mode of "auto" requests on the verifier they go to (not owned; null = they run
+  // in the verifier's default mode). Must outlive the service.
+  router::ModePolicy* mode_policy = nullptr;
 };
 
 class RouterService final
@@ -75,6 +85,10 @@ class RouterService final
   uint64_t migrations() const { return migrations_.load(std::memory_order_relaxed); }
 
  private:
+  // Names the mode of `upstream` (going to `verifier`) when the client asked for "auto", and
+  // records the decision.
+  void ChooseMode(size_t verifier, v1::VerifyRequest* upstream);
+
   router::VerifierPool* pool_;
   std::unique_ptr<VerifierStubs> owned_stubs_;
   VerifierStubs* stubs_;

@@ -20,6 +20,30 @@ router::VerifierInfo ToVerifierInfo(const v1::WorkerInfo& info) {
   out.modes.assign(info.modes().begin(), info.modes().end());
   out.max_context = info.max_context();
   out.worker_id = info.worker_id();
+  out.default_mode = info.default_mode();
+  return out;
+}
+
+router::VerifierLoad ToVerifierLoad(const v1::WorkerLoad& load) {
+  router::VerifierLoad out;
+  out.running = load.running_sequences();
+  out.queued = load.queued_sequences();
+  for (const v1::StepTime& point : load.step_times()) {
+    out.cost.step_times.push_back(StepTimePoint{.batch_tokens = point.batch_tokens(),
+                                                .step_seconds = point.step_seconds(),
+                                                .samples = point.samples()});
+  }
+  for (const v1::ModeCost& mode : load.mode_costs()) {
+    std::vector<ModeLoadPoint>& points = out.cost.modes[mode.mode()];
+    for (const v1::ModeLoad& point : mode.points()) {
+      points.push_back(ModeLoadPoint{.sequences = point.sequences(),
+                                     .tokens_per_step = point.tokens_per_step(),
+                                     .extend_tokens = point.extend_tokens(),
+                                     .wait_seconds = point.wait_seconds(),
+                                     .step_seconds = point.step_seconds(),
+                                     .samples = point.samples()});
+    }
+  }
   return out;
 }
 
@@ -135,6 +159,7 @@ void VerifierMonitor::PollOnce(absl::Duration timeout, bool wait_for_ready) {
                      pool_->address(i).c_str(), probe.info_status.error_message().c_str());
       }
     }
+    if (probe.load_status.ok()) pool_->SetLoad(i, ToVerifierLoad(probe.load));
     const bool was_healthy = pool_->Healthy(i);
     const bool healthy =
         probe.load_status.ok() && !probe.load.draining() && !pool_->WorkerId(i).empty();

@@ -1,6 +1,7 @@
 // tandem-verifier: serves the target model (tandem.v1.Verifier) to routers.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -9,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/version.h"
 #include "kernels/cpu/gemm.h"
 #include "services/common/engine_metrics.h"
@@ -18,6 +20,7 @@
 #include "services/verifier/grpc_draft_channel.h"
 #include "services/verifier/verifier_service.h"
 #include "worker/decoding/modes.h"
+#include "worker/engine/calibration.h"
 #include "worker/engine/engine.h"
 
 namespace {
@@ -33,6 +36,8 @@ struct Flags {
   int max_queued = 1024;
   int draft_timeout_ms = 50;
   int spec_gamma = 4;
+  bool adaptive_gamma = true;
+  double calibration_seconds = 2;
   int threads = 0;
   int drain_seconds = 30;
   tandem::ServerFlags server;
@@ -66,15 +71,39 @@ int Run(const Flags& flags) {
   options.default_mode = flags.default_mode;
   options.default_drafter = flags.drafter;
   options.draft_timeout = absl::Milliseconds(flags.draft_timeout_ms);
+  options.adaptive_gamma = flags.adaptive_gamma;
   absl::StatusOr<std::unique_ptr<tandem::Engine>> engine = tandem::Engine::Create(
       &*model, options, tandem::MakeGrpcDraftChannelFactory(flags.client_tls));
   if (!engine.ok()) {
     std::cerr << "tandem-verifier: " << engine.status().message() << "\n";
     return 1;
   }
+  if (flags.calibration_seconds > 0) {
+    // Before serving, so that the first load report already carries a cost model.
+    tandem::CalibrationOptions calibration;
+    calibration.budget = absl::Seconds(flags.calibration_seconds);
+    calibration.batch_sizes.erase(
+        std::remove_if(calibration.batch_sizes.begin(), calibration.batch_sizes.end(),
+                       [&](int size) { return size > flags.max_running; }),
+        calibration.batch_sizes.end());
+    if (calibration.batch_sizes.empty()) calibration.batch_sizes = {1};
+    absl::StatusOr<tandem::CalibrationResult> calibrated = tandem::Calibrate(**engine, calibration);
+    if (!calibrated.ok()) {
+      std::cerr << "tandem-verifier: calibration: " << calibrated.status().message() << "\n";
+      return 1;
+    }
+    std::cerr << "tandem-verifier: calibrated " << absl::StrJoin(calibrated->measured, ", ")
+              << " with " << calibrated->requests << " requests in "
+              << absl::FormatDuration(calibrated->took)
+              << (calibrated->out_of_time ? " (out of time)" : "") << "\n";
+    for (const std::string& skipped : calibrated->skipped) {
+      std::cerr << "tandem-verifier: calibration skipped " << skipped << "\n";
+    }
+  }
   tandem::VerifierIdentity identity{
       .model_id = std::filesystem::path(flags.model).lexically_normal().filename().string(),
-      .worker_id = RandomWorkerId()};
+      .worker_id = RandomWorkerId(),
+      .default_mode = flags.default_mode};
   if (identity.model_id.empty()) {
     identity.model_id =
         std::filesystem::path(flags.model).lexically_normal().parent_path().filename().string();
@@ -190,6 +219,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--spec-gamma", flags.spec_gamma, "default draft tokens per spec step")
       ->envname("TANDEM_VERIFIER_SPEC_GAMMA")
+      ->capture_default_str();
+  app.add_option("--adaptive-gamma", flags.adaptive_gamma,
+                 "choose each spec step's draft tokens from the live batch, up to the request's "
+                 "(a request that names spec_gamma always gets it)")
+      ->envname("TANDEM_VERIFIER_ADAPTIVE_GAMMA")
+      ->capture_default_str();
+  app.add_option("--calibration-seconds", flags.calibration_seconds,
+                 "time bound of the start-up calibration of the cost model; 0 = none")
+      ->envname("TANDEM_VERIFIER_CALIBRATION_SECONDS")
       ->capture_default_str();
   app.add_option("--threads", flags.threads, "CPU threads for matrix products; 0 = all cores")
       ->envname("TANDEM_VERIFIER_THREADS")

@@ -286,6 +286,7 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
           absl::StrCat("spec_gamma must be -1 (AR steps) or positive, got ", given.spec_gamma()));
     }
     options.spec_gamma = given.spec_gamma() < 0 ? 0 : given.spec_gamma();
+    out.spec_gamma_pinned = true;
   }
   if (given.jacobi_block_size() != 0) options.jacobi_block_size = given.jacobi_block_size();
   if (given.jacobi_blocks() != 0) options.jacobi_blocks = given.jacobi_blocks();
@@ -340,6 +341,7 @@ grpc::ServerUnaryReactor* VerifierService::GetInfo(grpc::CallbackServerContext* 
   reply->set_vocab_size(config.vocab_size);
   reply->set_version(VersionString());
   reply->set_worker_id(identity_.worker_id);
+  reply->set_default_mode(identity_.default_mode);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -359,6 +361,25 @@ grpc::ServerUnaryReactor* VerifierService::GetLoad(grpc::CallbackServerContext* 
   reply->set_batch_tokens_ewma(load.batch_tokens_ewma);
   reply->set_preemptions(load.preemptions);
   reply->set_draining(load.draining);
+  for (const StepTimePoint& point : load.cost.step_times) {
+    v1::StepTime* out = reply->add_step_times();
+    out->set_batch_tokens(point.batch_tokens);
+    out->set_step_seconds(point.step_seconds);
+    out->set_samples(point.samples);
+  }
+  for (const auto& [mode, points] : load.cost.modes) {
+    v1::ModeCost* cost = reply->add_mode_costs();
+    cost->set_mode(mode);
+    for (const ModeLoadPoint& point : points) {
+      v1::ModeLoad* out = cost->add_points();
+      out->set_sequences(point.sequences);
+      out->set_tokens_per_step(point.tokens_per_step);
+      out->set_extend_tokens(point.extend_tokens);
+      out->set_wait_seconds(point.wait_seconds);
+      out->set_step_seconds(point.step_seconds);
+      out->set_samples(point.samples);
+    }
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -17,8 +17,9 @@
 namespace tandem {
 
 struct VerifierIdentity {
-  std::string model_id;   // what clients put in GenerateRequest.model ("" matches too)
-  std::string worker_id;  // unique per process
+  std::string model_id;      // what clients put in GenerateRequest.model ("" matches too)
+  std::string worker_id;     // unique per process
+  std::string default_mode;  // the engine's mode for "auto" requests (WorkerInfo.default_mode)
 };
 
 // Converts a VerifyRequest to the engine's request. InvalidArgument names the field at fault.

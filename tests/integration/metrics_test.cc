@@ -1,7 +1,8 @@
 // Every service of a running cluster serves the metrics that docs/METRICS.md promises: the test
-// reads the table from the doc (so the doc and the code cannot drift), sends requests in `ar` and
-// `spec` through the router, scrapes each service's /metrics over HTTP and checks names, types,
-// labels and that the request metrics moved.
+// reads the table from the doc (so the doc and the code cannot drift), sends requests in `ar`,
+// `spec` and `auto` through the router, scrapes each service's /metrics over HTTP and checks
+// names, types, labels, that the request metrics moved and that the auto request got a policy
+// decision.
 #include <fstream>
 #include <map>
 #include <set>
@@ -170,6 +171,9 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
       ASSERT_FALSE(result.tokens.empty());
     }
   }
+  // "auto": the router's mode policy picks the mode from the verifier's calibrated cost model.
+  StreamResult automatic = Generate((*cluster)->generation(), Greedy("def main():", "auto"));
+  ASSERT_TRUE(automatic.status.ok()) << automatic.status.error_message();
   StreamResult rejected = Generate((*cluster)->generation(), Greedy("x", "no-such-mode"));
   ASSERT_EQ(rejected.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
@@ -219,21 +223,40 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
     EXPECT_EQ(it->second, metric.type) << name;
   }
 
+  // The auto request got a policy decision (the verifier calibrated before it served, so the
+  // router had its cost model from the first poll) for a lossless mode, with estimates.
+  const Scrape& router = scrapes["router"];
+  std::string chosen;
+  for (const Sample& sample : router.samples) {
+    if (sample.name == "tandem_mode_decisions_total" && sample.labels.at("reason") == "policy" &&
+        sample.value > 0) {
+      EXPECT_TRUE(chosen.empty()) << "two policy decisions: " << chosen << ", "
+                                  << sample.labels.at("mode");
+      chosen = sample.labels.at("mode");
+    }
+  }
+  EXPECT_TRUE(chosen == "ar" || chosen == "spec" || chosen == "jacobi" || chosen == "self_spec" ||
+              chosen == "self_spec_quadratic")
+      << "the auto request's mode: '" << chosen << "'";
+  EXPECT_GT(Sum(router, "tandem_mode_goodput_tokens_per_second", {{"mode", chosen}}), 0);
+  EXPECT_GT(Sum(router, "tandem_mode_goodput_tokens_per_second", {{"mode", "ar"}}), 0);
+
   // The requests moved the request metrics on the router and on the verifier.
   for (const std::string service : {"router", "verifier"}) {
     const Scrape& scrape = scrapes[service];
     for (const std::string mode : {"ar", "spec"}) {
-      EXPECT_EQ(Sum(scrape, "tandem_requests_total", {{"mode", mode}, {"status", "OK"}}), 2)
+      // The auto request counts under the mode that served it.
+      const int requests = mode == chosen ? 3 : 2;
+      EXPECT_EQ(Sum(scrape, "tandem_requests_total", {{"mode", mode}, {"status", "OK"}}), requests)
           << service << " " << mode;
-      EXPECT_EQ(Sum(scrape, "tandem_time_to_first_token_seconds_count", {{"mode", mode}}), 2)
+      EXPECT_EQ(Sum(scrape, "tandem_time_to_first_token_seconds_count", {{"mode", mode}}), requests)
           << service << " " << mode;
       EXPECT_GE(Sum(scrape, "tandem_generated_tokens_total", {{"mode", mode}}), 2)
           << service << " " << mode;
-      EXPECT_EQ(Sum(scrape, "tandem_request_duration_seconds_count", {{"mode", mode}}), 2)
+      EXPECT_EQ(Sum(scrape, "tandem_request_duration_seconds_count", {{"mode", mode}}), requests)
           << service << " " << mode;
     }
   }
-  const Scrape& router = scrapes["router"];
   // The router refuses an unknown mode itself: counted, under no client-chosen label value.
   EXPECT_EQ(
       Sum(router, "tandem_requests_total", {{"mode", "unknown"}, {"status", "INVALID_ARGUMENT"}}),
@@ -244,7 +267,8 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
                 {{"worker", (*cluster)->verifier_address()}, {"role", "verifier"}}),
             1);
   const Scrape& verifier = scrapes["verifier"];
-  EXPECT_EQ(Sum(verifier, "tandem_tokens_per_forward_count", {{"mode", "spec"}}), 2);
+  EXPECT_EQ(Sum(verifier, "tandem_tokens_per_forward_count", {{"mode", "spec"}}),
+            chosen == "spec" ? 3 : 2);
   EXPECT_GT(Sum(verifier, "tandem_step_duration_seconds_count", {}), 0);
   // Each spec step either verified drafts or fell back to AR.
   EXPECT_GT(Sum(verifier, "tandem_drafts_total", {{"mode", "spec"}}) +

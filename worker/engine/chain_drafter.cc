@@ -43,6 +43,8 @@ std::span<const int32_t> DraftChainBuffer::Usable(std::span<const int32_t> seq) 
 absl::StatusOr<std::vector<int32_t>> ChainDrafter::Draft(std::span<const int32_t> tokens,
                                                          int gamma) {
   ++stats_.calls;
+  if (limit_ >= 0) gamma = std::min(gamma, limit_);
+  if (limit_ == 0) return std::vector<int32_t>();
   if (!buffer_->enabled) {
     return absl::UnavailableError(
         absl::StrCat("drafting is off for this sequence: ", buffer_->error.ToString()));

@@ -42,9 +42,13 @@ class ChainDrafter : public Drafter {
 
   absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t> tokens, int gamma) override;
   const DrafterStats& stats() const override { return stats_; }
+  // At most `limit` drafts per call from now on (the engine's γ for the step); 0 answers no
+  // drafts without an error, so that SpecMode takes an AR step by choice. < 0 = no limit.
+  void set_limit(int limit) { limit_ = limit; }
 
  private:
   const DraftChainBuffer* buffer_;
+  int limit_ = -1;
   DrafterStats stats_;
 };
 

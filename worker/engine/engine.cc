@@ -48,8 +48,12 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> Engine::Impl::MakeMode(const std::
   seq->spec = true;
   seq->drafter_address = address;
   seq->gamma = gamma;
-  return std::make_unique<SpecMode>(gamma, std::make_unique<ChainDrafter>(&seq->chain),
-                                    config.vocab_size, config.max_position_embeddings);
+  seq->step_gamma = gamma;
+  seq->gamma_pinned = request.spec_gamma_pinned || !options_.adaptive_gamma;
+  auto drafter = std::make_unique<ChainDrafter>(&seq->chain);
+  seq->drafter = drafter.get();
+  return std::make_unique<SpecMode>(gamma, std::move(drafter), config.vocab_size,
+                                    config.max_position_embeddings);
 }
 
 absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
@@ -188,6 +192,7 @@ void Engine::Impl::Loop() {
       continue;
     }
     OpenSessions(candidates);
+    ChooseGammas(candidates);
     WaitForChains(candidates);
     Step(candidates);
     PublishLoad();
@@ -275,6 +280,7 @@ void Engine::Impl::Preempt(const SeqPtr& seq) {
   kv_.RemoveSequence(static_cast<SeqId>(seq->id));
   seq->resident = false;
   seq->kv_len = 0;
+  seq->decoding = false;
   ++seq->usage.preemptions;
   ++preemptions_;
   if (options_.observer != nullptr) options_.observer->OnPreemption();
@@ -313,8 +319,9 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
       }
     } else {
       // A spec step that could verify drafts (the conditions under which WaitForChains waits).
-      p.draft_step = seq->spec && seq->gamma > 0 && seq->budget() >= 2 &&
+      p.draft_step = seq->spec && seq->step_gamma > 0 && seq->budget() >= 2 &&
                      static_cast<int>(seq->tokens.size()) < context_;
+      if (seq->drafter != nullptr) seq->drafter->set_limit(seq->step_gamma);
       p.plan = seq->mode->Plan(p.state);
     }
     const int n = static_cast<int>(p.plan.tokens.size());
@@ -380,6 +387,14 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
     }
   }
 
+  // Decode steps of this step's sequences, for the cost model once the step's time is known.
+  struct SequenceObservation {
+    std::string mode;
+    int gained = 0;
+    int extend = 0;
+    double wait = 0;
+  };
+  std::vector<SequenceObservation> observed;
   for (size_t b = 0; b < batch.size(); ++b) {
     Planned& p = batch[b];
     const SeqPtr& seq = p.seq;
@@ -437,6 +452,18 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
     HiddenRows rows = FinalHidden(s, p, *outputs[b], result->keep, kv_before);
     s.usage.drafted += result->drafted;
     s.usage.accepted += result->accepted;
+    if (result->drafted > 0) s.acceptance.Observe(result->drafted, result->accepted);
+    // The step that took the prompt (or recomputed KV) measures prefill, not the mode.
+    if (s.decoding) {
+      const double wait = s.last_step_end == absl::InfinitePast()
+                              ? 0.0
+                              : std::max(0.0, Seconds(start - s.last_step_end));
+      observed.push_back(SequenceObservation{.mode = s.mode_name,
+                                             .gained = static_cast<int>(result->append.size()),
+                                             .extend = static_cast<int>(p.plan.tokens.size()),
+                                             .wait = wait});
+    }
+    s.decoding = true;
     if (options_.observer != nullptr) {
       if (result->drafted > 0) {
         options_.observer->OnDraftVerified(s.mode_name, result->drafted, result->accepted);
@@ -496,9 +523,17 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
   }
 
   ++steps_;
-  const double seconds = Seconds(absl::Now() - start);
+  const absl::Time end = absl::Now();
+  for (const Planned& p : batch) p.seq->last_step_end = end;
+  const double seconds = Seconds(end - start);
   const auto batch_tokens = static_cast<double>(used);
   if (options_.observer != nullptr) options_.observer->OnStep(seconds, used);
+  cost_builder_.ObserveStep(used, seconds);
+  for (const SequenceObservation& o : observed) {
+    cost_builder_.ObserveSequenceStep(o.mode, static_cast<int>(batch.size()), o.gained, o.extend,
+                                      o.wait, seconds);
+  }
+  cost_ = cost_builder_.Snapshot();
   if (steps_ == 1) {
     step_seconds_ewma_ = seconds;
     batch_tokens_ewma_ = batch_tokens;
@@ -558,6 +593,7 @@ void Engine::Impl::PublishLoad() {
   load.step_seconds_ewma = step_seconds_ewma_;
   load.batch_tokens_ewma = batch_tokens_ewma_;
   load.preemptions = preemptions_;
+  load.cost = cost_;
   board_.Publish(load);
 }
 

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/cost_model.h"
 #include "worker/decoding/modes.h"
 #include "worker/engine/draft_channel.h"
 #include "worker/engine/engine_observer.h"
@@ -47,6 +48,10 @@ struct EngineOptions {
   int context = 0;
   // How long a `spec` sequence waits for its drafter's chain before it takes an AR step.
   absl::Duration draft_timeout = absl::Milliseconds(50);
+  // `spec` sequences whose request did not pin γ verify a γ chosen every step from the live
+  // batch and the measured step-time curve (gamma_choice.h), up to their requested γ; false =
+  // always the requested γ.
+  bool adaptive_gamma = true;
   // Told about steps, drafts, fallbacks and preemptions on the engine thread (metrics); not
   // owned, may be null, must outlive the engine.
   EngineObserver* observer = nullptr;
@@ -62,6 +67,9 @@ struct SequenceRequest {
   std::vector<int32_t> committed;
   std::string mode;          // a named mode, or "" / "auto" for the engine's default
   ModeOptions mode_options;  // the caller merges its defaults in (0 fields are not special here)
+  // The request named spec_gamma itself: every spec step verifies exactly that many drafts (when
+  // the chain has them) instead of a γ the engine chooses per step up to it.
+  bool spec_gamma_pinned = false;
   SamplingParams sampling;
   int max_tokens = 0;  // > 0
   std::vector<std::string> stop_strings;
@@ -113,6 +121,9 @@ struct EngineLoad {
   double batch_tokens_ewma = 0;
   int64_t preemptions = 0;
   bool draining = false;
+  // Measured step time over batch tokens and each mode's tokens per sequence-step over load
+  // (calibration and every step since the start).
+  CostModel cost;
 };
 
 class Engine {

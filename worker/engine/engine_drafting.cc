@@ -1,12 +1,20 @@
 // Engine: `spec` sequences' drafter sessions, their draft chains and the target hidden states
 // sent to drafters that want them.
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/engine_impl.h"
 
 namespace tandem {
+
+namespace {
+
+// Every this many steps of γ = 0 an adaptive spec sequence verifies one draft.
+constexpr int kAcceptanceProbeEvery = 8;
+
+}  // namespace
 
 void Engine::Impl::DisableDrafting(EngineSequence& seq, absl::Status why) {
   if (!seq.chain.enabled) return;
@@ -54,6 +62,54 @@ void Engine::Impl::OpenSessions(const std::vector<SeqPtr>& candidates) {
   }
 }
 
+void Engine::Impl::ChooseGammas(const std::vector<SeqPtr>& candidates) {
+  if (std::none_of(candidates.begin(), candidates.end(), [](const SeqPtr& seq) {
+        return seq->spec && !seq->gamma_pinned && seq->resident;
+      })) {
+    return;
+  }
+  // The rest of the step as Step will likely plan it: prefill chunks, other modes' extends at
+  // their measured size, pinned spec sequences at their γ.
+  const auto load = static_cast<double>(candidates.size());
+  GammaBatch batch;
+  std::vector<GammaCandidate> choices;
+  std::vector<EngineSequence*> adaptive;  // the sequences of `choices`, in order
+  for (const SeqPtr& seq : candidates) {
+    if (!seq->resident) continue;
+    const int pending = static_cast<int>(seq->tokens.size()) - seq->kv_len;
+    if (!ModePlansNext(*seq)) {
+      batch.other_tokens += std::min(options_.prefill_chunk, pending - 1);
+      continue;
+    }
+    if (seq->spec && !seq->gamma_pinned) {
+      choices.push_back(
+          GammaCandidate{.max_gamma = seq->gamma, .acceptance = seq->acceptance.value()});
+      adaptive.push_back(seq.get());
+      batch.candidate_tokens += std::max(1, pending);
+      continue;
+    }
+    if (seq->spec) {
+      batch.other_tokens += std::max(1, pending) + seq->gamma;
+      batch.other_gain += ExpectedTokens(seq->acceptance.value(), seq->gamma);
+      continue;
+    }
+    const std::optional<ModeLoadPoint> point = cost_.ModeAt(seq->mode_name, load);
+    batch.other_tokens += point ? std::max<double>(point->extend_tokens, pending) : pending;
+    batch.other_gain += point ? point->tokens_per_step : 1.0;
+  }
+  const std::vector<int> gammas = tandem::ChooseGammas(choices, batch, cost_);
+  for (size_t i = 0; i < adaptive.size(); ++i) {
+    EngineSequence& seq = *adaptive[i];
+    seq.step_gamma = gammas[i];
+    // An AR step teaches nothing about acceptance: now and then one draft keeps the estimate
+    // honest, so that a sequence that drafts well is not stuck in AR by a stale estimate.
+    if (seq.step_gamma == 0 && seq.gamma > 0 && ++seq.undrafted_steps >= kAcceptanceProbeEvery) {
+      seq.step_gamma = 1;
+    }
+    if (seq.step_gamma > 0) seq.undrafted_steps = 0;
+  }
+}
+
 void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
   std::optional<absl::Time> bound;
   while (true) {
@@ -66,7 +122,7 @@ void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
         DisableDrafting(*seq, absl::UnavailableError("the drafter's channel broke"));
         continue;
       }
-      if (seq->gamma <= 0 || seq->budget() < 2 ||
+      if (seq->step_gamma <= 0 || seq->budget() < 2 ||
           static_cast<int>(seq->tokens.size()) >= context_ || !ModePlansNext(*seq)) {
         continue;
       }

@@ -18,6 +18,7 @@
 #include "worker/engine/actor_mailbox.h"
 #include "worker/engine/chain_drafter.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/gamma_choice.h"
 #include "worker/engine/mailbox.h"
 
 namespace tandem {
@@ -51,11 +52,21 @@ struct EngineSequence {
   int kv_len = 0;            // leading tokens whose KV is committed
   int64_t admit_order = -1;  // first admission; preempted sequences keep it
   bool counted_queued = true;
+  // The mode has run a step since the sequence's KV was (re)built: its steps now measure the
+  // mode's decoding, not its prompt.
+  bool decoding = false;
+  // When the sequence's last step ended: the next step's wait is measured from here.
+  absl::Time last_step_end = absl::InfinitePast();
 
   // spec: the drafter session (session id = sequence id).
   bool spec = false;
   std::string drafter_address;
-  int gamma = 0;
+  int gamma = 0;              // the request's γ: the most drafts a step verifies
+  bool gamma_pinned = false;  // the request named γ: every step uses it
+  int step_gamma = 0;         // this step's γ (gamma, or the engine's choice up to it)
+  int undrafted_steps = 0;    // consecutive steps the engine chose γ = 0 for
+  AcceptanceEstimate acceptance;
+  ChainDrafter* drafter = nullptr;  // owned by `mode`
   DraftChainBuffer chain;
   std::shared_ptr<DraftChannel> channel;
   bool session_open = false;
@@ -131,6 +142,7 @@ class Engine::Impl {
   void CheckCancelsAndDeadlines();
   void Admit();
   void OpenSessions(const std::vector<SeqPtr>& candidates);
+  void ChooseGammas(const std::vector<SeqPtr>& candidates);
   void WaitForChains(const std::vector<SeqPtr>& candidates);
   void Step(const std::vector<SeqPtr>& candidates);
   void Preempt(const SeqPtr& seq);
@@ -168,6 +180,8 @@ class Engine::Impl {
   int64_t preemptions_ = 0;
   double step_seconds_ewma_ = 0;
   double batch_tokens_ewma_ = 0;
+  CostModelBuilder cost_builder_;
+  CostModel cost_;  // the builder's snapshot after the last step
 
   std::thread thread_;
 };

@@ -2,10 +2,12 @@
 // errors passed through, cancellation and deadlines carried upstream, admission.
 #include "services/router/router_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -38,6 +40,7 @@ class ScriptedVerifier final : public v1::Verifier::CallbackService {
     reply->add_modes("spec");
     reply->set_max_context(512);
     reply->set_worker_id("w1");
+    reply->set_default_mode("ar");
     auto* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -45,10 +48,31 @@ class ScriptedVerifier final : public v1::Verifier::CallbackService {
   grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
                                     const v1::WorkerLoadRequest*, v1::WorkerLoad* reply) override {
     reply->set_worker_id("w1");
+    if (report_costs) {
+      // 10 ms per step plus 1 ms per batch token; ar gains 1 token per 1-token extend, spec 3 per
+      // 5-token extend: spec is the better mode at low load.
+      for (double tokens : {1.0, 8.0, 64.0}) {
+        v1::StepTime* point = reply->add_step_times();
+        point->set_batch_tokens(tokens);
+        point->set_step_seconds(0.010 + 0.001 * tokens);
+        point->set_samples(10);
+      }
+      for (auto [mode, tpf, extend] : {std::tuple{"ar", 1.0, 1.0}, std::tuple{"spec", 3.0, 5.0}}) {
+        v1::ModeCost* cost = reply->add_mode_costs();
+        cost->set_mode(mode);
+        v1::ModeLoad* point = cost->add_points();
+        point->set_sequences(1);
+        point->set_tokens_per_step(tpf);
+        point->set_extend_tokens(extend);
+        point->set_samples(10);
+      }
+    }
     auto* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
+
+  std::atomic<bool> report_costs{false};  // GetLoad carries a cost model
 
   v1::VerifyRequest last_request() {
     absl::MutexLock lock(&mu_);
@@ -112,7 +136,8 @@ class ScriptedVerifier final : public v1::Verifier::CallbackService {
 
 class RouterServiceTest : public ::testing::Test {
  protected:
-  void StartRouter(int max_in_flight) {
+  void StartRouter(int max_in_flight, router::ModePolicy* policy = nullptr,
+                   ServiceMetrics* metrics = nullptr) {
     auto verifier = StartServer(ServerFlags{}, {&verifier_});
     ASSERT_TRUE(verifier.ok()) << verifier.status();
     verifier_server_ = std::move(verifier->server);
@@ -125,7 +150,10 @@ class RouterServiceTest : public ::testing::Test {
     ASSERT_TRUE(pool_->Healthy(0));
     service_ = std::make_unique<RouterService>(
         pool_.get(), std::vector<v1::Verifier::Stub*>{verifier_stub_.get()},
-        RouterOptions{.drafter = "drafter:1", .max_in_flight = max_in_flight});
+        RouterOptions{.drafter = "drafter:1",
+                      .max_in_flight = max_in_flight,
+                      .metrics = metrics,
+                      .mode_policy = policy});
     auto router = StartServer(ServerFlags{}, {service_.get()});
     ASSERT_TRUE(router.ok()) << router.status();
     router_server_ = std::move(router->server);
@@ -265,6 +293,69 @@ TEST_F(RouterServiceTest, AVerifierThatIsGoneIsUnavailableAndMarkedDown) {
   }
   EXPECT_FALSE(pool_->Healthy(0));
   EXPECT_EQ(pool_->InFlight(0), 0);
+}
+
+// Finishes one Generate call of `request` through `client` and returns its status.
+grpc::Status Finish(v1::Generation::Stub& client, const v1::GenerateRequest& request) {
+  grpc::ClientContext context;
+  auto reader = client.Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+  }
+  return reader->Finish();
+}
+
+TEST_F(RouterServiceTest, AutoRequestsGoInThePolicysModeAndPinnedOnesInTheirs) {
+  verifier_.report_costs = true;
+  router::ModePolicy policy;
+  ServiceMetrics metrics(MetricsRole::kRouter);
+  StartRouter(8, &policy, &metrics);
+  v1::GenerateRequest request = Request("hello", 2);
+  ASSERT_TRUE(Finish(*client_, request).ok());
+  EXPECT_EQ(verifier_.last_request().request().mode(), "spec");
+  request.set_mode("ar");
+  ASSERT_TRUE(Finish(*client_, request).ok());
+  EXPECT_EQ(verifier_.last_request().request().mode(), "ar");
+  const std::string text = metrics.TextFormat();
+  EXPECT_NE(
+      text.find(R"(tandem_mode_decisions_total{service="router",mode="spec",reason="policy"} 1)"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find(R"(tandem_mode_decisions_total{service="router",mode="ar",reason="pinned"} 1)"),
+      std::string::npos)
+      << text;
+  // The estimates: spec 3 tokens per 15 ms step, ar 1 per 11 ms.
+  EXPECT_NE(text.find(R"(tandem_mode_goodput_tokens_per_second{service="router",mode="spec"} 200)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(tandem_mode_goodput_tokens_per_second{service="router",mode="ar"} 90.9)"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(RouterServiceTest, AutoRequestsWithoutMeasurementsGoInTheVerifiersDefault) {
+  router::ModePolicy policy;
+  ServiceMetrics metrics(MetricsRole::kRouter);
+  StartRouter(8, &policy, &metrics);
+  ASSERT_TRUE(Finish(*client_, Request("hello", 2)).ok());
+  EXPECT_EQ(verifier_.last_request().request().mode(), "ar");
+  EXPECT_NE(metrics.TextFormat().find(
+                R"(tandem_mode_decisions_total{service="router",mode="ar",reason="no_data"} 1)"),
+            std::string::npos)
+      << metrics.TextFormat();
+}
+
+TEST_F(RouterServiceTest, WithoutAPolicyAutoRequestsStayAuto) {
+  verifier_.report_costs = true;
+  ServiceMetrics metrics(MetricsRole::kRouter);
+  StartRouter(8, nullptr, &metrics);
+  ASSERT_TRUE(Finish(*client_, Request("hello", 2)).ok());
+  EXPECT_EQ(verifier_.last_request().request().mode(), "");
+  EXPECT_NE(metrics.TextFormat().find(
+                R"(tandem_mode_decisions_total{service="router",mode="auto",reason="default"} 1)"),
+            std::string::npos)
+      << metrics.TextFormat();
 }
 
 }  // namespace

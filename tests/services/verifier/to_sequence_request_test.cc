@@ -68,7 +68,15 @@ TEST_F(ToSequenceRequestTest, CopiesEveryField) {
   EXPECT_THAT(out->committed, ElementsAre(11, 12));
   EXPECT_EQ(out->drafter, "127.0.0.1:9");
   EXPECT_EQ(out->mode_options.spec_gamma, 6);
+  EXPECT_TRUE(out->spec_gamma_pinned);  // named by the request: the engine does not choose
   EXPECT_EQ(out->mode_options.jacobi_block_size, 16);  // the default, untouched
+}
+
+TEST_F(ToSequenceRequestTest, GammaLeftToTheVerifierIsNotPinned) {
+  absl::StatusOr<SequenceRequest> out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->mode_options.spec_gamma, 4);  // the verifier's default, its most per step
+  EXPECT_FALSE(out->spec_gamma_pinned);
 }
 
 TEST_F(ToSequenceRequestTest, GammaMinusOneMeansArSteps) {

@@ -1,0 +1,157 @@
+#include "common/cost_model.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace tandem {
+
+namespace {
+
+// Power-of-two bucket of a positive count: 1 -> 0, 2..3 -> 1, 4..7 -> 2, ...
+size_t BucketOf(int count) {
+  return static_cast<size_t>(std::bit_width(static_cast<unsigned>(std::max(count, 1))) - 1);
+}
+
+}  // namespace
+
+std::optional<double> CostModel::StepSeconds(double batch_tokens) const {
+  if (step_times.empty()) return std::nullopt;
+  const std::vector<StepTimePoint>& p = step_times;
+  if (p.size() == 1 || batch_tokens <= p.front().batch_tokens) return p.front().step_seconds;
+  for (size_t i = 1; i < p.size(); ++i) {
+    if (batch_tokens <= p[i].batch_tokens) {
+      const double span = p[i].batch_tokens - p[i - 1].batch_tokens;
+      if (span <= 0) return p[i].step_seconds;
+      const double f = (batch_tokens - p[i - 1].batch_tokens) / span;
+      return p[i - 1].step_seconds + f * (p[i].step_seconds - p[i - 1].step_seconds);
+    }
+  }
+  const StepTimePoint& last = p.back();
+  const StepTimePoint& before = p[p.size() - 2];
+  const double span = last.batch_tokens - before.batch_tokens;
+  const double slope =
+      span > 0 ? std::max(0.0, (last.step_seconds - before.step_seconds) / span) : 0.0;
+  return last.step_seconds + slope * (batch_tokens - last.batch_tokens);
+}
+
+std::optional<double> CostModel::MarginalSeconds(double batch_tokens) const {
+  const std::vector<StepTimePoint>& p = step_times;
+  if (p.size() < 2) return std::nullopt;
+  // The segment around `batch_tokens`; the first or last one outside the measured range.
+  size_t i = 1;
+  while (i + 1 < p.size() && batch_tokens > p[i].batch_tokens) ++i;
+  const double span = p[i].batch_tokens - p[i - 1].batch_tokens;
+  if (span <= 0) return 0.0;
+  return std::max(0.0, (p[i].step_seconds - p[i - 1].step_seconds) / span);
+}
+
+std::optional<ModeLoadPoint> CostModel::ModeAt(std::string_view mode, double sequences) const {
+  auto it = modes.find(mode);
+  if (it == modes.end() || it->second.empty()) return std::nullopt;
+  const std::vector<ModeLoadPoint>& p = it->second;
+  if (sequences <= p.front().sequences) return p.front();
+  if (sequences >= p.back().sequences) return p.back();
+  for (size_t i = 1; i < p.size(); ++i) {
+    if (sequences <= p[i].sequences) {
+      const double span = p[i].sequences - p[i - 1].sequences;
+      if (span <= 0) return p[i];
+      const double f = (sequences - p[i - 1].sequences) / span;
+      ModeLoadPoint out;
+      out.sequences = sequences;
+      out.tokens_per_step =
+          p[i - 1].tokens_per_step + f * (p[i].tokens_per_step - p[i - 1].tokens_per_step);
+      out.extend_tokens =
+          p[i - 1].extend_tokens + f * (p[i].extend_tokens - p[i - 1].extend_tokens);
+      out.wait_seconds = p[i - 1].wait_seconds + f * (p[i].wait_seconds - p[i - 1].wait_seconds);
+      out.step_seconds = p[i - 1].step_seconds + f * (p[i].step_seconds - p[i - 1].step_seconds);
+      out.samples = std::min(p[i - 1].samples, p[i].samples);
+      return out;
+    }
+  }
+  return p.back();
+}
+
+std::optional<double> CostModel::Goodput(std::string_view mode, double sequences) const {
+  if (sequences <= 0) return std::nullopt;
+  const std::optional<ModeLoadPoint> point = ModeAt(mode, sequences);
+  if (!point) return std::nullopt;
+  const std::optional<double> curve = StepSeconds(sequences * std::max(1.0, point->extend_tokens));
+  double seconds = curve.value_or(0);
+  if (point->step_seconds > 0) {
+    seconds = point->step_seconds;
+    const ModeLoadPoint& last = modes.find(mode)->second.back();
+    if (sequences > last.sequences && curve) {
+      // Beyond the mode's measured loads: its last step time, grown as the curve grows.
+      const std::optional<double> at_last =
+          StepSeconds(last.sequences * std::max(1.0, last.extend_tokens));
+      if (at_last && *at_last > 0) seconds *= std::max(1.0, *curve / *at_last);
+    }
+  }
+  if (seconds <= 0) return std::nullopt;
+  return sequences * point->tokens_per_step / (seconds + std::max(0.0, point->wait_seconds));
+}
+
+bool CostModel::MeasuredNear(std::string_view mode, double sequences, int64_t min_samples) const {
+  auto it = modes.find(mode);
+  if (it == modes.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(), [&](const ModeLoadPoint& p) {
+    return p.samples >= min_samples && p.sequences * 2 >= sequences && p.sequences <= sequences * 2;
+  });
+}
+
+void CostModelBuilder::Update(Bucket& bucket, double x, double y, double z, double wait,
+                              double step) const {
+  ++bucket.samples;
+  // A running mean until the EWMA's horizon is filled, so early samples weigh equally.
+  const double w = std::max(alpha_, 1.0 / static_cast<double>(bucket.samples));
+  bucket.x += w * (x - bucket.x);
+  bucket.y += w * (y - bucket.y);
+  bucket.z += w * (z - bucket.z);
+  bucket.w += w * (wait - bucket.w);
+  bucket.s += w * (step - bucket.s);
+}
+
+void CostModelBuilder::ObserveStep(int batch_tokens, double seconds) {
+  if (batch_tokens <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
+  const size_t k = BucketOf(batch_tokens);
+  if (steps_.size() <= k) steps_.resize(k + 1);
+  Update(steps_[k], batch_tokens, seconds, 0);
+}
+
+void CostModelBuilder::ObserveSequenceStep(std::string_view mode, int sequences, int gained,
+                                           int extend_tokens, double wait_seconds,
+                                           double step_seconds) {
+  if (sequences <= 0 || gained < 0 || extend_tokens <= 0) return;
+  if (!(wait_seconds >= 0) || !std::isfinite(wait_seconds)) wait_seconds = 0;
+  if (!(step_seconds >= 0) || !std::isfinite(step_seconds)) step_seconds = 0;
+  auto it = modes_.find(mode);
+  if (it == modes_.end()) it = modes_.emplace(std::string(mode), std::vector<Bucket>()).first;
+  const size_t k = BucketOf(sequences);
+  if (it->second.size() <= k) it->second.resize(k + 1);
+  Update(it->second[k], sequences, gained, extend_tokens, wait_seconds, step_seconds);
+}
+
+CostModel CostModelBuilder::Snapshot() const {
+  CostModel model;
+  for (const Bucket& b : steps_) {
+    if (b.samples == 0) continue;
+    model.step_times.push_back(
+        StepTimePoint{.batch_tokens = b.x, .step_seconds = b.y, .samples = b.samples});
+  }
+  for (const auto& [mode, buckets] : modes_) {
+    std::vector<ModeLoadPoint>& points = model.modes[mode];
+    for (const Bucket& b : buckets) {
+      if (b.samples == 0) continue;
+      points.push_back(ModeLoadPoint{.sequences = b.x,
+                                     .tokens_per_step = b.y,
+                                     .extend_tokens = b.z,
+                                     .wait_seconds = b.w,
+                                     .step_seconds = b.s,
+                                     .samples = b.samples});
+    }
+  }
+  return model;
+}
+
+}  // namespace tandem

@@ -1,0 +1,112 @@
+// A verifier's cost model: what one batched step costs as a function of the tokens in it, and
+// what each decoding mode gains per sequence-step as a function of the load. The verifier's
+// engine measures it (CostModelBuilder, fed by calibration at start-up and then by every real
+// step), the verifier reports it in WorkerLoad, and the router's mode policy reads it to
+// estimate each mode's goodput; the engine's per-step γ choice reads the same curve.
+//
+// Why step time over batch tokens rather than per mode: every mode's steps go through the same
+// batched forward, so one curve fed by every step (mixed batches and prefill included) stays
+// fresh for all modes; a mode's step time at load n is then the curve at the batch tokens n
+// sequences of that mode put in a step (n × its measured extend tokens per sequence-step).
+//
+// Thread-safety: plain values (CostModel) and a builder owned by one thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem {
+
+// One bucket of the step-time curve: steps whose batch tokens fell in [2^k, 2^(k+1)).
+struct StepTimePoint {
+  double batch_tokens = 0;  // mean batch tokens of the bucket's steps
+  double step_seconds = 0;  // mean wall time of one step (plan, forward, consume, commit)
+  int64_t samples = 0;      // steps observed
+};
+
+// One bucket of a mode's load curve: sequence-steps of the mode taken in steps with
+// [2^k, 2^(k+1)) sequences.
+struct ModeLoadPoint {
+  double sequences = 0;        // mean sequences in those steps (the load)
+  double tokens_per_step = 0;  // completion tokens a sequence gained per step (its TPF)
+  double extend_tokens = 0;    // tokens a sequence put into the batch per step
+  // Seconds a sequence waited between the end of its previous step and the start of this one:
+  // steps it sat out (a spec sequence waiting for its draft chain, or a batch it did not fit
+  // in) and the host work between steps. It is what the step-time curve does not see: a mode
+  // whose sequences often wait decodes slower than its TPF and extend tokens alone suggest.
+  double wait_seconds = 0;
+  // Mean wall time of the steps the mode's sequences took part in: the mode's own step time at
+  // this load, with whatever its steps cost beyond the forward (on a shared host, a drafter's
+  // work competing with the verifier's) — what the shared curve, fed by every step, blurs.
+  double step_seconds = 0;
+  int64_t samples = 0;  // sequence-steps observed
+};
+
+struct CostModel {
+  std::vector<StepTimePoint> step_times;  // by batch_tokens, ascending
+  // Per mode name, by sequences ascending. Only modes measured at least once appear.
+  std::map<std::string, std::vector<ModeLoadPoint>, std::less<>> modes;
+
+  bool empty() const { return step_times.empty() && modes.empty(); }
+  // Seconds of a step of `batch_tokens`: piecewise linear between points; below the first point
+  // its value (a step's fixed cost dominates there); above the last the slope of the last two
+  // points continues (never decreasing). nullopt without points.
+  std::optional<double> StepSeconds(double batch_tokens) const;
+  // Seconds one more token adds to a step of `batch_tokens` (the curve's slope there, >= 0).
+  // nullopt with fewer than two points.
+  std::optional<double> MarginalSeconds(double batch_tokens) const;
+  // The mode's TPF and extend tokens at `sequences`, interpolated linearly between its points
+  // and held constant beyond them. nullopt when the mode has no point.
+  std::optional<ModeLoadPoint> ModeAt(std::string_view mode, double sequences) const;
+  // Completion tokens per second of a batch of `sequences` sequences all decoding in `mode`:
+  // sequences × TPF / (step seconds + wait seconds), where step seconds is the mode's own
+  // measured step time at that load (interpolated between its points; beyond its last point,
+  // scaled along the curve by StepSeconds(sequences × extend) / StepSeconds(at that point)), or
+  // the curve alone where the mode has no step time. nullopt without data for the mode or the
+  // curve.
+  std::optional<double> Goodput(std::string_view mode, double sequences) const;
+  // Whether `mode` has a point measured near `sequences` (within a factor of two) from at least
+  // `min_samples` sequence-steps: an estimate there is a measurement, not an extrapolation.
+  bool MeasuredNear(std::string_view mode, double sequences, int64_t min_samples) const;
+};
+
+// Accumulates a CostModel from observations: per power-of-two bucket, a running mean over the
+// first 1/alpha samples, then an exponentially weighted mean (weight `alpha` on the newest), so
+// the model follows the machine as it warms up or gets busier without forgetting a bucket that
+// is seldom visited.
+class CostModelBuilder {
+ public:
+  explicit CostModelBuilder(double alpha = 0.1) : alpha_(alpha) {}
+
+  // One batched step of `batch_tokens` > 0 tokens that took `seconds`.
+  void ObserveStep(int batch_tokens, double seconds);
+  // One sequence's decode step in `mode`: the step had `sequences` sequences; this one put
+  // `extend_tokens` tokens into it and gained `gained` completion tokens, after waiting
+  // `wait_seconds` since its previous step ended; the step took `step_seconds` (0: unknown).
+  void ObserveSequenceStep(std::string_view mode, int sequences, int gained, int extend_tokens,
+                           double wait_seconds = 0, double step_seconds = 0);
+
+  CostModel Snapshot() const;
+
+ private:
+  struct Bucket {
+    double x = 0;  // batch tokens or sequences
+    double y = 0;  // step seconds or tokens per step
+    double z = 0;  // extend tokens (modes only)
+    double w = 0;  // wait seconds (modes only)
+    double s = 0;  // step seconds (modes only)
+    int64_t samples = 0;
+  };
+  void Update(Bucket& bucket, double x, double y, double z, double wait = 0, double step = 0) const;
+
+  double alpha_;
+  std::vector<Bucket> steps_;                                      // index = bucket
+  std::map<std::string, std::vector<Bucket>, std::less<>> modes_;  // index = bucket
+};
+
+}  // namespace tandem

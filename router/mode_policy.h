@@ -1,0 +1,97 @@
+// The router's choice of decoding mode for a request that asks for "auto": the mode whose
+// estimated goodput on the chosen verifier, at that verifier's load with this request added, is
+// highest, with hysteresis so that the choice does not flap. No gRPC: the service layer passes
+// the verifier's reported cost model and load.
+//
+// Goodput estimate (CostModel::Goodput): a batch of n sequences all in mode m completes
+// n × TPF_m(n) tokens per step of StepSeconds(n × extend_m(n)) seconds. With n the same for
+// every candidate mode, the mode that maximises the batch's tokens per second also maximises
+// each request's own tokens per second (TPF / step time), so one number serves both goals; the
+// estimate assumes the verifier's other sequences run the same mode, which hysteresis makes
+// the common case.
+//
+// Candidates: modes the verifier serves, that it has measured, and that the request allows:
+// by default only lossless modes (ar, spec, self_spec, self_spec_quadratic, jacobi) - an
+// "auto" request must get the target model's distribution - and jacobi only for greedy
+// requests (it decodes greedily).
+//
+// Support: a mode measured near the load (CostModel::MeasuredNear, options.min_samples) beats
+// one whose estimate is extrapolated from other loads; extrapolations decide only when no mode
+// is measured near the load, and a current mode without support gives way at once to one with.
+//
+// Hysteresis, per key (the router uses the verifier's address): the key's current mode stays
+// until another mode's estimate beats it by `margin` (relative) on `confirm` consecutive
+// decisions; a current mode that is no longer a candidate is replaced at once.
+//
+// Decision reasons (the `reason` label of tandem_mode_decisions_total):
+//   policy      the best estimate (the current mode, or a switch to a new best)
+//   hysteresis  another mode estimated better, but not by the margin for long enough
+//   no_data     no candidate mode has measurements: the verifier's default mode
+// ("pinned" and "default" are the service's: a request that names its mode, and auto requests
+// while the policy is off.)
+//
+// Thread-safety: Decide may be called from any thread; one mutex guards the per-key state.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/cost_model.h"
+
+namespace tandem::router {
+
+struct ModePolicyOptions {
+  double margin = 0.10;      // a challenger must estimate at least (1 + margin) × the current mode
+  int confirm = 3;           // ... on this many consecutive decisions of the key
+  bool allow_lossy = false;  // lossy modes (diffusion) may be chosen too
+  // Sequence-steps a mode needs at a load within a factor of two of the request's for its
+  // estimate there to count as measured (see Decide).
+  int64_t min_samples = 16;
+};
+
+// What the request allows.
+struct ModeRequestTraits {
+  bool greedy = true;  // temperature 0
+};
+
+struct ModeDecision {
+  std::string mode;    // a mode name; "auto" when no_data and the verifier named no default
+  std::string reason;  // policy | hysteresis | no_data
+  double goodput = 0;  // estimated tokens/s of `mode` (0 for no_data)
+  // Every candidate's estimate, in candidate order.
+  std::vector<std::pair<std::string, double>> estimates;
+};
+
+// The lossless modes, in the order ties are broken (cheapest first).
+const std::vector<std::string>& LosslessModes();
+
+class ModePolicy {
+ public:
+  explicit ModePolicy(ModePolicyOptions options = {});
+
+  // `served`: the verifier's modes; `cost`: its cost model; `sequences`: its load with this
+  // request (running + queued + 1, or more); `default_mode`: its mode for "auto" ("" = unknown).
+  ModeDecision Decide(std::string_view key, const std::vector<std::string>& served,
+                      const CostModel& cost, double sequences, const ModeRequestTraits& request,
+                      std::string_view default_mode);
+
+  const ModePolicyOptions& options() const { return options_; }
+
+ private:
+  struct KeyState {
+    std::string current;
+    std::string challenger;  // the mode beating `current` by the margin lately
+    int streak = 0;          // its consecutive wins
+  };
+
+  const ModePolicyOptions options_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, KeyState> state_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::router

@@ -1,0 +1,218 @@
+// The router's mode policy over synthetic cost models: the fallback without measurements, the
+// goodput estimate choosing speculation at low load and AR at high load, request constraints
+// (lossless only, jacobi only greedy), and hysteresis (margin and consecutive wins).
+#include "router/mode_policy.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem::router {
+namespace {
+
+const std::vector<std::string> kServed = {
+    "ar", "jacobi", "spec", "self_spec", "self_spec_quadratic", "diffusion"};
+
+// A CPU-like curve: a fixed cost of 10 ms per step plus 1 ms per batch token.
+CostModel Curve() {
+  CostModel cost;
+  for (double tokens : {1.0, 8.0, 64.0, 512.0}) {
+    cost.step_times.push_back(StepTimePoint{
+        .batch_tokens = tokens, .step_seconds = 0.010 + 0.001 * tokens, .samples = 10});
+  }
+  return cost;
+}
+
+void AddMode(CostModel& cost, const std::string& mode, double tpf, double extend) {
+  for (double n : {1.0, 8.0, 64.0}) {
+    cost.modes[mode].push_back(ModeLoadPoint{
+        .sequences = n, .tokens_per_step = tpf, .extend_tokens = extend, .samples = 10});
+  }
+}
+
+// AR: one token per one-token extend; spec: 3 tokens per 5-token extend.
+CostModel ArAndSpec() {
+  CostModel cost = Curve();
+  AddMode(cost, "ar", 1.0, 1.0);
+  AddMode(cost, "spec", 3.0, 5.0);
+  return cost;
+}
+
+TEST(CostModelTest, InterpolatesAndExtrapolates) {
+  const CostModel cost = Curve();
+  EXPECT_NEAR(*cost.StepSeconds(8), 0.018, 1e-12);
+  EXPECT_NEAR(*cost.StepSeconds(36), 0.046, 1e-12);
+  EXPECT_NEAR(*cost.StepSeconds(0.5), 0.011, 1e-12);  // below the first point: held
+  EXPECT_NEAR(*cost.StepSeconds(1024), 1.034, 1e-9);  // above: the last slope continues
+  EXPECT_NEAR(*cost.MarginalSeconds(100), 0.001, 1e-12);
+  EXPECT_FALSE(CostModel().StepSeconds(1).has_value());
+  EXPECT_FALSE(cost.Goodput("ar", 1).has_value());  // no mode data
+  const CostModel both = ArAndSpec();
+  // 1 sequence: AR 1 / 11 ms, spec 3 / 15 ms.
+  EXPECT_NEAR(*both.Goodput("ar", 1), 1 / 0.011, 1e-6);
+  EXPECT_NEAR(*both.Goodput("spec", 1), 3 / 0.015, 1e-6);
+}
+
+TEST(CostModelTest, AModesOwnStepTimeAndWaitDecideItsGoodput) {
+  CostModel cost = Curve();
+  // spec measured at 1 and 2 sequences: its steps took 40 / 50 ms (a drafter sharing the host),
+  // not the curve's 15 / 20 ms, and each sequence waited 5 ms between its steps.
+  for (double n : {1.0, 2.0}) {
+    cost.modes["spec"].push_back(ModeLoadPoint{.sequences = n,
+                                               .tokens_per_step = 3,
+                                               .extend_tokens = 5,
+                                               .wait_seconds = 0.005,
+                                               .step_seconds = 0.030 + 0.010 * n,
+                                               .samples = 100});
+  }
+  EXPECT_NEAR(*cost.Goodput("spec", 1), 3 / (0.040 + 0.005), 1e-9);
+  EXPECT_NEAR(*cost.Goodput("spec", 1.5), 1.5 * 3 / (0.045 + 0.005), 1e-9);
+  // Beyond its last point: 50 ms grown as the curve grows from 10 to 20 batch tokens.
+  EXPECT_NEAR(*cost.Goodput("spec", 4), 4 * 3 / (0.050 * (0.030 / 0.020) + 0.005), 1e-9);
+  EXPECT_TRUE(cost.MeasuredNear("spec", 3, 16));
+  EXPECT_FALSE(cost.MeasuredNear("spec", 5, 16));   // more than twice the last point
+  EXPECT_FALSE(cost.MeasuredNear("spec", 1, 101));  // too few samples
+  EXPECT_FALSE(cost.MeasuredNear("ar", 1, 1));      // never measured
+
+  CostModelBuilder builder;
+  builder.ObserveSequenceStep("spec", 1, 3, 5, 0.004, 0.020);
+  builder.ObserveSequenceStep("spec", 1, 1, 5, 0.006, 0.030);
+  const ModeLoadPoint point = builder.Snapshot().modes.at("spec").front();
+  EXPECT_NEAR(point.wait_seconds, 0.005, 1e-12);
+  EXPECT_NEAR(point.step_seconds, 0.025, 1e-12);
+  EXPECT_NEAR(point.tokens_per_step, 2, 1e-12);
+}
+
+TEST(CostModelTest, BuilderBucketsByPowerOfTwo) {
+  CostModelBuilder builder;
+  builder.ObserveStep(1, 0.010);
+  builder.ObserveStep(3, 0.012);
+  builder.ObserveStep(2, 0.014);  // same bucket as 3
+  builder.ObserveSequenceStep("spec", 4, 3, 5);
+  builder.ObserveSequenceStep("spec", 5, 1, 5);
+  builder.ObserveSequenceStep("ar", 1, 1, 1);
+  const CostModel cost = builder.Snapshot();
+  ASSERT_EQ(cost.step_times.size(), 2u);
+  EXPECT_DOUBLE_EQ(cost.step_times[1].batch_tokens, 2.5);
+  EXPECT_DOUBLE_EQ(cost.step_times[1].step_seconds, 0.013);
+  EXPECT_EQ(cost.step_times[1].samples, 2);
+  ASSERT_EQ(cost.modes.at("spec").size(), 1u);  // bucket [4, 8) only
+  EXPECT_DOUBLE_EQ(cost.modes.at("spec")[0].tokens_per_step, 2.0);
+  EXPECT_DOUBLE_EQ(cost.modes.at("spec")[0].sequences, 4.5);
+}
+
+TEST(ModePolicyTest, NoDataFallsBackToTheVerifierDefault) {
+  ModePolicy policy;
+  ModeDecision decision = policy.Decide("v1", kServed, CostModel(), 1, {}, "ar");
+  EXPECT_EQ(decision.mode, "ar");
+  EXPECT_EQ(decision.reason, "no_data");
+  // A curve without any mode's tokens per step is no data either; an unnamed default is "auto".
+  decision = policy.Decide("v1", kServed, Curve(), 1, {}, "");
+  EXPECT_EQ(decision.mode, "auto");
+  EXPECT_EQ(decision.reason, "no_data");
+}
+
+TEST(ModePolicyTest, LowLoadPicksSpeculationHighLoadPicksAr) {
+  const CostModel cost = ArAndSpec();
+  ModePolicy low;
+  ModeDecision decision = low.Decide("v1", kServed, cost, 1, {}, "ar");
+  EXPECT_EQ(decision.mode, "spec");
+  EXPECT_EQ(decision.reason, "policy");
+  EXPECT_NEAR(decision.goodput, 3 / 0.015, 1e-6);
+  ASSERT_EQ(decision.estimates.size(), 2u);
+  // 64 sequences: AR 64 / 74 ms = 865 tok/s; spec 192 / 330 ms = 582 tok/s.
+  ModePolicy high;
+  decision = high.Decide("v1", kServed, cost, 64, {}, "ar");
+  EXPECT_EQ(decision.mode, "ar");
+  EXPECT_EQ(decision.reason, "policy");
+}
+
+TEST(ModePolicyTest, OnlyModesTheVerifierServesAndTheRequestAllows) {
+  CostModel cost = ArAndSpec();
+  AddMode(cost, "diffusion", 8.0, 8.0);  // lossy: never for auto by default
+  AddMode(cost, "jacobi", 4.0, 5.0);     // greedy only
+  ModePolicy policy;
+  EXPECT_EQ(policy.Decide("a", kServed, cost, 1, {.greedy = true}, "ar").mode, "jacobi");
+  EXPECT_EQ(policy.Decide("b", kServed, cost, 1, {.greedy = false}, "ar").mode, "spec");
+  EXPECT_EQ(policy.Decide("c", {"ar", "diffusion"}, cost, 1, {}, "ar").mode, "ar");
+  ModePolicy lossy({.allow_lossy = true});
+  EXPECT_EQ(lossy.Decide("d", kServed, cost, 1, {}, "ar").mode, "diffusion");
+}
+
+TEST(ModePolicyTest, HysteresisNeedsTheMarginOnConsecutiveDecisions) {
+  ModePolicy policy({.margin = 0.10, .confirm = 3});
+  CostModel cost = Curve();
+  AddMode(cost, "ar", 1.0, 1.0);
+  AddMode(cost, "spec", 1.0, 1.0);  // equal: ties go to ar
+  ModeDecision decision = policy.Decide("v1", kServed, cost, 1, {}, "ar");
+  EXPECT_EQ(decision.mode, "ar");
+  EXPECT_EQ(decision.reason, "policy");
+
+  // spec 5 % better: below the margin, ar stays.
+  cost.modes["spec"].assign(
+      3,
+      ModeLoadPoint{.sequences = 1, .tokens_per_step = 1.05, .extend_tokens = 1.0, .samples = 10});
+  decision = policy.Decide("v1", kServed, cost, 1, {}, "ar");
+  EXPECT_EQ(decision.mode, "ar");
+  EXPECT_EQ(decision.reason, "hysteresis");
+
+  // 50 % better: spec must win three decisions in a row.
+  cost.modes["spec"].assign(
+      3,
+      ModeLoadPoint{.sequences = 1, .tokens_per_step = 1.5, .extend_tokens = 1.0, .samples = 10});
+  EXPECT_EQ(policy.Decide("v1", kServed, cost, 1, {}, "ar").reason, "hysteresis");
+  EXPECT_EQ(policy.Decide("v1", kServed, cost, 1, {}, "ar").reason, "hysteresis");
+  // Another key has its own state: it takes the best at once.
+  EXPECT_EQ(policy.Decide("v2", kServed, cost, 1, {}, "ar").mode, "spec");
+  decision = policy.Decide("v1", kServed, cost, 1, {}, "ar");
+  EXPECT_EQ(decision.mode, "spec");
+  EXPECT_EQ(decision.reason, "policy");
+
+  // Back: ar 50 % better once, then not: the streak restarts.
+  AddMode(cost, "ar", 2.0, 1.0);
+  cost.modes["ar"].erase(cost.modes["ar"].begin(), cost.modes["ar"].begin() + 3);
+  EXPECT_EQ(policy.Decide("v1", kServed, cost, 1, {}, "ar").reason, "hysteresis");
+  cost.modes["ar"].assign(
+      3,
+      ModeLoadPoint{.sequences = 1, .tokens_per_step = 1.0, .extend_tokens = 1.0, .samples = 10});
+  decision = policy.Decide("v1", kServed, cost, 1, {}, "ar");
+  EXPECT_EQ(decision.mode, "spec");
+  EXPECT_EQ(decision.reason, "policy");
+}
+
+TEST(ModePolicyTest, ACurrentModeThatIsNoLongerACandidateIsReplacedAtOnce) {
+  ModePolicy policy({.margin = 0.10, .confirm = 5});
+  CostModel cost = ArAndSpec();
+  EXPECT_EQ(policy.Decide("v1", kServed, cost, 1, {}, "ar").mode, "spec");
+  // The verifier no longer serves spec.
+  ModeDecision decision = policy.Decide("v1", {"ar"}, cost, 1, {}, "ar");
+  EXPECT_EQ(decision.mode, "ar");
+  EXPECT_EQ(decision.reason, "policy");
+}
+
+// A mode measured near the load beats one whose estimate is carried over from other loads,
+// however good that estimate looks; with no measured mode near the load, estimates decide.
+TEST(ModePolicyTest, AModeMeasuredNearTheLoadBeatsAnExtrapolatedOne) {
+  CostModel cost = Curve();
+  cost.modes["spec"].push_back(
+      ModeLoadPoint{.sequences = 1, .tokens_per_step = 4, .extend_tokens = 5, .samples = 100});
+  cost.modes["ar"].push_back(
+      ModeLoadPoint{.sequences = 8, .tokens_per_step = 1, .extend_tokens = 1, .samples = 100});
+  ModePolicy policy(ModePolicyOptions{.confirm = 1});
+  // At 8 sequences spec's extrapolated estimate (8 × 4 / 50 ms) beats ar's (8 / 18 ms), but
+  // only ar was measured there.
+  ASSERT_GT(*cost.Goodput("spec", 8), *cost.Goodput("ar", 8));
+  ModeDecision at8 = policy.Decide("v", kServed, cost, 8, {}, "ar");
+  EXPECT_EQ(at8.mode, "ar");
+  EXPECT_EQ(at8.reason, "policy");
+  // At 1 sequence spec is the measured one (ar's point at 8 is more than twice away).
+  ModeDecision at1 = policy.Decide("w", kServed, cost, 1, {}, "ar");
+  EXPECT_EQ(at1.mode, "spec");
+  // At 32 neither is measured: the estimates decide.
+  ModeDecision at32 = policy.Decide("x", kServed, cost, 32, {}, "ar");
+  EXPECT_EQ(at32.mode, *cost.Goodput("spec", 32) > *cost.Goodput("ar", 32) ? "spec" : "ar");
+}
+
+}  // namespace
+}  // namespace tandem::router

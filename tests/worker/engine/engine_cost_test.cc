@@ -1,0 +1,213 @@
+// The engine's cost model and per-step γ on the bundled target model: start-up calibration
+// measures every lossless mode the engine can run (and skips the ones it refuses), AR's measured
+// tokens per step is exactly one, and spec sequences whose γ the engine chooses per step
+// (mixed with sequences that pin theirs) still reproduce AR's greedy output token for token.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/worker/engine/test_draft_channel.h"
+#include "worker/engine/calibration.h"
+#include "worker/engine/engine.h"
+
+namespace tandem {
+namespace {
+
+const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
+constexpr char kDrafter[] = "in-process";
+
+class Sink : public SequenceSink {
+ public:
+  void OnEvent(SequenceEvent event) override {
+    absl::MutexLock lock(&mu_);
+    tokens_.insert(tokens_.end(), event.tokens.begin(), event.tokens.end());
+    if (event.finish != FinishReason::kNone || !event.error.ok()) {
+      done_ = true;
+      error_ = event.error;
+      usage_ = event.usage;
+    }
+  }
+  bool Wait() {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(60));
+  }
+  std::vector<int32_t> tokens() const {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
+  absl::Status error() const {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+  SequenceUsage usage() const {
+    absl::MutexLock lock(&mu_);
+    return usage_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  SequenceUsage usage_ ABSL_GUARDED_BY(mu_);
+};
+
+class EngineCostTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(kModelDir + "/config.json")) return;
+    absl::StatusOr<LoadedModel> loaded = LoadModelDir(kModelDir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    model_ = new LoadedModel(std::move(*loaded));
+    std::ifstream in(kModelDir + "/fixtures/greedy.json");
+    const nlohmann::json greedy = nlohmann::json::parse(in);
+    prompts_ = new std::vector<std::vector<int32_t>>();
+    for (const nlohmann::json& c : greedy["cases"]) {
+      prompts_->push_back(c["prompt_ids"].get<std::vector<int32_t>>());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete prompts_;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << "no bundled model at " << kModelDir;
+  }
+
+  // With an in-process drafter (the target itself) unless `drafter` is false.
+  std::unique_ptr<Engine> MakeEngine(bool drafter = true, bool adaptive_gamma = true) {
+    EngineOptions options;
+    options.draft_timeout = absl::Seconds(10);  // chains always arrive: spec really drafts
+    options.adaptive_gamma = adaptive_gamma;
+    DraftChannelFactory factory;
+    if (drafter) {
+      options.default_drafter = kDrafter;
+      factory = [](const std::string&, DraftChannel::ChainCallback on_chain)
+          -> absl::StatusOr<std::unique_ptr<DraftChannel>> {
+        return std::make_unique<testing::InProcessDraftChannel>(model_->model.get(), 512,
+                                                                std::move(on_chain));
+      };
+    }
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::Create(model_, options, std::move(factory));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  }
+
+  static LoadedModel* model_;
+  static std::vector<std::vector<int32_t>>* prompts_;
+};
+
+LoadedModel* EngineCostTest::model_ = nullptr;
+std::vector<std::vector<int32_t>>* EngineCostTest::prompts_ = nullptr;
+
+TEST_F(EngineCostTest, CalibrationMeasuresEveryLosslessMode) {
+  // Fixed γ: whether the engine would draft at all depends on the measured (noisy) curve.
+  auto engine = MakeEngine(/*drafter=*/true, /*adaptive_gamma=*/false);
+  ASSERT_NE(engine, nullptr);
+  CalibrationOptions options;
+  options.batch_sizes = {1, 2};
+  options.tokens = 8;
+  options.budget = absl::Seconds(60);  // a loaded machine; the bundled model needs well under 1 s
+  absl::StatusOr<CalibrationResult> result = Calibrate(*engine, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->out_of_time);
+  EXPECT_TRUE(result->skipped.empty()) << result->skipped.front();
+  EXPECT_EQ(result->requests, 5 * 3);
+  const CostModel cost = engine->Load().cost;
+  EXPECT_FALSE(cost.step_times.empty());
+  for (const char* mode : kCalibratedModes) {
+    EXPECT_NE(std::find(result->measured.begin(), result->measured.end(), mode),
+              result->measured.end())
+        << mode;
+    ASSERT_TRUE(cost.modes.count(mode)) << mode;
+    const std::optional<double> goodput = cost.Goodput(mode, 1);
+    ASSERT_TRUE(goodput.has_value()) << mode;
+    EXPECT_GT(*goodput, 0) << mode;
+  }
+  // An AR decode step gains exactly one token and puts one into the batch.
+  for (const ModeLoadPoint& point : cost.modes.at("ar")) {
+    EXPECT_DOUBLE_EQ(point.tokens_per_step, 1.0);
+    EXPECT_DOUBLE_EQ(point.extend_tokens, 1.0);
+  }
+  // The target drafting for itself: every draft is accepted, so spec gains more than one.
+  EXPECT_GT(cost.modes.at("spec").front().tokens_per_step, 1.0);
+}
+
+TEST_F(EngineCostTest, CalibrationSkipsModesTheEngineRefusesAndKeepsItsBudget) {
+  auto engine = MakeEngine(/*drafter=*/false);
+  ASSERT_NE(engine, nullptr);
+  CalibrationOptions options;
+  options.modes = {"ar", "spec"};
+  options.batch_sizes = {1};
+  options.tokens = 4;
+  options.budget = absl::Seconds(60);
+  absl::StatusOr<CalibrationResult> result = Calibrate(*engine, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->measured, std::vector<std::string>{"ar"});
+  ASSERT_EQ(result->skipped.size(), 1u);
+  EXPECT_EQ(result->skipped[0].rfind("spec: ", 0), 0u) << result->skipped[0];
+  EXPECT_FALSE(engine->Load().cost.modes.count("spec"));
+
+  options.budget = absl::ZeroDuration();
+  result = Calibrate(*engine, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->out_of_time);
+  EXPECT_EQ(result->requests, 0);
+
+  options.batch_sizes.clear();
+  EXPECT_EQ(Calibrate(*engine, options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineCostTest, AdaptiveGammaKeepsGreedyOutputsExact) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  constexpr int kPrompts = 8;
+  ASSERT_GE(static_cast<int>(prompts_->size()), kPrompts);
+  // Per prompt: AR, spec with the engine's γ (up to 6), spec pinned at γ = 3; all at once, so
+  // that the batch is large enough for the choice to matter.
+  struct Run {
+    int prompt;
+    std::string mode;
+    bool pinned;
+    std::shared_ptr<Sink> sink = std::make_shared<Sink>();
+  };
+  std::vector<Run> runs;
+  for (int p = 0; p < kPrompts; ++p) {
+    runs.push_back({p, "ar", false});
+    runs.push_back({p, "spec", false});
+    runs.push_back({p, "spec", true});
+  }
+  for (const Run& run : runs) {
+    SequenceRequest request;
+    request.prompt_ids = (*prompts_)[run.prompt];
+    request.mode = run.mode;
+    request.mode_options.spec_gamma = run.pinned ? 3 : 6;
+    request.spec_gamma_pinned = run.pinned;
+    request.max_tokens = 32;
+    ASSERT_TRUE(engine->Submit(request, run.sink).ok());
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    ASSERT_TRUE(runs[i].sink->Wait());
+    EXPECT_TRUE(runs[i].sink->error().ok()) << runs[i].sink->error();
+    const Run& ar = runs[i - i % 3];
+    EXPECT_EQ(runs[i].sink->tokens(), ar.sink->tokens())
+        << runs[i].mode << (runs[i].pinned ? " pinned" : "") << " prompt " << runs[i].prompt;
+    if (runs[i].pinned) {
+      EXPECT_GT(runs[i].sink->usage().drafted, 0);
+    }
+  }
+  const CostModel cost = engine->Load().cost;
+  EXPECT_TRUE(cost.modes.count("spec"));
+  EXPECT_TRUE(cost.modes.count("ar"));
+}
+
+}  // namespace
+}  // namespace tandem
