@@ -14,8 +14,8 @@ readonly repo
 
 # Build toolchain, the libraries of cmake/TandemDependencies.cmake, the libFuzzer runtime for the
 # clang fuzz build, redis for the router tests, curl for the HTTP API tests, Python for tools/ and
-# the Python gRPC end-to-end test, clang-format for style checks, prometheus (promtool) for the
-# deploy/ rule checks.
+# the Python gRPC end-to-end test, matplotlib for `tandem bench serve`'s plot, clang-format for
+# style checks, prometheus (promtool) for the deploy/ rule checks.
 readonly packages=(
   build-essential cmake ninja-build pkg-config
   clang libclang-rt-14-dev clang-format
@@ -24,7 +24,7 @@ readonly packages=(
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev
   redis-server curl
-  python3 python3-venv python3-pip python3-grpcio python3-protobuf
+  python3 python3-venv python3-pip python3-grpcio python3-protobuf python3-matplotlib
   openssl
 )
 

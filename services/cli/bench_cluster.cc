@@ -185,13 +185,15 @@ int RunBenchCluster(const BenchClusterArgs& args) {
   absl::StatusOr<std::vector<Prompt>> prompts = LoadPrompts(prompts_file, args.prompts);
   if (!prompts.ok()) return fail(prompts.status());
   const int threads = args.threads > 0 ? args.threads : std::max(1, omp_get_num_procs() / 2);
+  const std::string drafter_dir =
+      args.drafter_dir.empty() ? DefaultDrafterDir(*model_dir) : args.drafter_dir;
 
   absl::StatusOr<std::string> drafter_bin = FindServiceBinary("tandem-drafter", "drafter");
   if (!drafter_bin.ok()) return fail(drafter_bin.status());
   absl::StatusOr<std::string> verifier_bin = FindServiceBinary("tandem-verifier", "verifier");
   if (!verifier_bin.ok()) return fail(verifier_bin.status());
   auto drafter = ChildProcess::Start({.name = "drafter",
-                                      .argv = {*drafter_bin, "--model", *model_dir, "--listen",
+                                      .argv = {*drafter_bin, "--model", drafter_dir, "--listen",
                                                "127.0.0.1:0", "--threads", std::to_string(threads)},
                                       .forward_output = false});
   if (!drafter.ok()) return fail(drafter.status());
@@ -223,18 +225,29 @@ int RunBenchCluster(const BenchClusterArgs& args) {
   verifier->reset();
   drafter->reset();
 
-  // The same forwards in this process, with one process's threads.
+  // The same forwards in this process, with one process's threads: verification on the
+  // target, drafting on the drafter.
   kernels::cpu::SetBlasThreads(threads);
   absl::StatusOr<LoadedModel> model = LoadModelDir(*model_dir);
   if (!model.ok()) return fail(model.status());
   absl::StatusOr<ForwardTimes> times = TimeForwards(*model->model, args.gamma, 64, 30);
   if (!times.ok()) return fail(times.status());
+  if (drafter_dir != *model_dir) {
+    absl::StatusOr<LoadedModel> drafter_model = LoadModelDir(drafter_dir);
+    if (!drafter_model.ok()) return fail(drafter_model.status());
+    absl::StatusOr<ForwardTimes> drafter_times =
+        TimeForwards(*drafter_model->model, args.gamma, 64, 30);
+    if (!drafter_times.ok()) return fail(drafter_times.status());
+    times->draft = drafter_times->draft;
+  }
 
   const double serial = times->draft + times->verify;
   const double overlap = serial > 0 ? spec->step_seconds / serial : 0;
   const double rtt_p50 = Percentile(rtt, 0.5), rtt_p99 = Percentile(rtt, 0.99);
   if (args.json) {
     nlohmann::json j = {
+        {"model", *model_dir},
+        {"drafter", drafter_dir},
         {"gamma", args.gamma},
         {"threads_per_process", threads},
         {"prompts", prompts->size()},
@@ -256,9 +269,11 @@ int RunBenchCluster(const BenchClusterArgs& args) {
     return 0;
   }
   std::printf(
-      "speculation over loopback: gamma %d, %zu prompts x %d tokens, %d threads per "
-      "process\n\n",
-      args.gamma, prompts->size(), args.max_tokens, threads);
+      "speculation over loopback: target %s, drafter %s%s, gamma %d, %zu prompts x %d "
+      "tokens, %d threads per process\n\n",
+      model_dir->c_str(), drafter_dir.c_str(),
+      drafter_dir == *model_dir ? " (self-drafting: an upper bound on acceptance)" : "", args.gamma,
+      prompts->size(), args.max_tokens, threads);
   std::printf("| quantity | value |\n|---|---|\n");
   std::printf("| draft: %d drafter forwards, in-process | %.2f ms |\n", args.gamma,
               times->draft * 1e3);

@@ -11,7 +11,8 @@
 namespace tandem::cli {
 
 struct BenchClusterArgs {
-  std::string model_dir;     // target (and drafter); empty = the bundled models/tandem-target
+  std::string model_dir;     // target; empty = the bundled models/tandem-target
+  std::string drafter_dir;   // empty = DefaultDrafterDir(target): the bundled tandem-drafter
   std::string prompts_file;  // empty = <model_dir>/fixtures/bench_prompts.json
   int gamma = 4;
   int prompts = 4;  // per category

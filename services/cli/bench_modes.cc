@@ -20,6 +20,7 @@
 #include "kernels/cpu/gemm.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/bench_prompts.h"
+#include "services/cli/locate.h"
 #include "worker/decoding/modes.h"
 #include "worker/engine/local_generator.h"
 
@@ -82,6 +83,28 @@ std::vector<Variant> AllVariants() {
       v.options.self_spec_draft_len = 4;
       v.options_json = {{"self_spec_draft_len", 4}};
       variants.push_back(std::move(v));
+    } else if (mode == "isd") {
+      for (int n : {2, 3, 5}) {
+        Variant v{mode, absl::StrCat("isd N=", n), ModeOptions{}, {}};
+        v.options.isd_stride = n;
+        v.options_json = {{"isd_stride", n}};
+        variants.push_back(std::move(v));
+      }
+    } else if (mode == "nsp") {
+      for (float t : {0.7f, 0.5f}) {
+        Variant v{mode, absl::StrCat("nsp tau=", t), ModeOptions{}, {}};
+        v.options.nsp_tau = t;
+        v.options_json = {{"nsp_tau", t}};
+        variants.push_back(std::move(v));
+      }
+      Variant entropy{mode, "nsp entropy tau=0.9", ModeOptions{}, {}};
+      entropy.options.nsp_confidence = "entropy";
+      entropy.options_json = {{"nsp_confidence", "entropy"}};
+      variants.push_back(std::move(entropy));
+      Variant verify{mode, "nsp verify", ModeOptions{}, {}};
+      verify.options.nsp_verify = true;
+      verify.options_json = {{"nsp_verify", true}};
+      variants.push_back(std::move(verify));
     } else if (mode == "diffusion") {
       for (float t : {0.5f, 0.0f}) {
         Variant v{mode, absl::StrCat("diffusion t=", t), ModeOptions{}, {}};
@@ -202,11 +225,13 @@ int RunBenchModes(const BenchModesArgs& args) {
     std::fprintf(stderr, "bench modes: %s\n", target.status().ToString().c_str());
     return 1;
   }
-  const bool self_drafting = args.drafter_dir.empty() || args.drafter_dir == args.model_dir;
+  const std::string drafter_dir =
+      args.drafter_dir.empty() ? DefaultDrafterDir(args.model_dir) : args.drafter_dir;
+  const bool self_drafting = drafter_dir == args.model_dir;
   absl::StatusOr<LoadedModel> separate_drafter;
   LoadedModel* drafter = &*target;
   if (!self_drafting) {
-    separate_drafter = LoadModelDir(args.drafter_dir);
+    separate_drafter = LoadModelDir(drafter_dir);
     if (!separate_drafter.ok()) {
       std::fprintf(stderr, "bench modes: drafter: %s\n",
                    separate_drafter.status().ToString().c_str());
@@ -279,7 +304,7 @@ int RunBenchModes(const BenchModesArgs& args) {
   if (args.json) {
     const nlohmann::json j = {
         {"model", args.model_dir},
-        {"drafter", self_drafting ? args.model_dir : args.drafter_dir},
+        {"drafter", drafter_dir},
         {"drafter_is_target", self_drafting},
         {"prompts_file", prompts_path},
         {"prompts_per_category", per_category},
@@ -306,7 +331,7 @@ int RunBenchModes(const BenchModesArgs& args) {
         "spec drafter: the target itself -- self-drafting accepts every greedy draft, so the "
         "spec rows are an upper bound, not a real drafter's numbers\n");
   } else {
-    std::printf("spec drafter: %s\n", args.drafter_dir.c_str());
+    std::printf("spec drafter: %s\n", drafter_dir.c_str());
   }
   for (const std::string& c : categories) {
     std::printf("\n[%s]\n", c.c_str());

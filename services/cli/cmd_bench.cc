@@ -4,6 +4,7 @@
 #include "services/cli/bench_cluster.h"
 #include "services/cli/bench_engine.h"
 #include "services/cli/bench_modes.h"
+#include "services/cli/bench_serve.h"
 #include "services/cli/commands.h"
 #include "worker/decoding/modes.h"
 
@@ -34,7 +35,10 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "and compares the spec step time through them with the in-process draft and verify "
       "times (overlap), next to AR through the services and the loopback RPC round trip");
   cluster_cmd->add_option("--model", cluster->model_dir,
-                          "Target and drafter model; default: the bundled models/tandem-target");
+                          "Target model; default: the bundled models/tandem-target");
+  cluster_cmd->add_option("--drafter", cluster->drafter_dir,
+                          "Drafter model; default: tandem-drafter next to the target when present "
+                          "with the same tokenizer, else the target itself");
   cluster_cmd->add_option("--prompts-file", cluster->prompts_file,
                           "Prompt sets; default: <model>/fixtures/bench_prompts.json");
   cluster_cmd->add_option("--gamma", cluster->gamma, "Draft tokens per step")
@@ -63,8 +67,11 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   modes_cmd->add_option("--model", modes->model_dir, "Target model directory")
       ->capture_default_str();
   modes_cmd->add_option("--drafter", modes->drafter_dir,
-                        "spec: drafter model directory; default: the target itself (an upper "
-                        "bound: every greedy draft is accepted)");
+                        "spec: drafter model directory; default: tandem-drafter next to the "
+                        "target when present with the same tokenizer (the bundled "
+                        "models/tandem-drafter), else the target itself; pass the target's "
+                        "directory for the self-drafting upper bound (every greedy draft is "
+                        "accepted)");
   modes_cmd->add_option("--prompts-file", modes->prompts_file,
                         "Prompt sets; default: <model>/fixtures/bench_prompts.json");
   modes_cmd
@@ -79,6 +86,77 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   modes_cmd->add_flag("--json", modes->json, "Print JSON instead of a table");
   modes_cmd->add_option("--threads", modes->threads, "CPU threads; 0 = all cores");
   modes_cmd->callback([modes, exit_code] { *exit_code = RunBenchModes(*modes); });
+
+  auto serve = std::make_shared<BenchServeArgs>();
+  CLI::App* serve_cmd = bench->add_subcommand(
+      "serve",
+      "A cluster under load: closed-loop clients (C concurrent greedy streams, each sending its "
+      "next request when one finishes) through a router, per fixed mode and auto, per "
+      "concurrency; tokens/s, requests/s, TTFT / inter-token / end-to-end p50 and p99, and "
+      "auto's tokens/s against the best fixed mode's. Starts a local cluster as `tandem up` "
+      "does unless --server is given; writes serve.json and serve.png to --out-dir");
+  serve_cmd->add_option("--server", serve->server,
+                        "A running router host:port (default: start a local cluster)");
+  AddClientTlsFlags(*serve_cmd, &serve->tls, "TANDEM");
+  serve_cmd->add_option("--concurrency", serve->concurrency, "Comma-separated concurrency levels")
+      ->delimiter(',')
+      ->capture_default_str();
+  serve_cmd
+      ->add_option("--modes", serve->modes,
+                   "Comma-separated modes (auto: the router's choice); default: ar and the "
+                   "lossless modes the model serves among spec, self_spec, jacobi, then auto")
+      ->delimiter(',');
+  serve_cmd
+      ->add_option("--requests-per-level", serve->requests_per_level,
+                   "Requests per (mode, concurrency), at least the concurrency; 0 = "
+                   "max(16, 4 x concurrency)")
+      ->capture_default_str();
+  serve_cmd->add_option("--duration", serve->duration_seconds,
+                        "Seconds per (mode, concurrency) instead of a request count");
+  serve_cmd->add_option("--max-tokens", serve->max_tokens, "New tokens per request")
+      ->capture_default_str();
+  serve_cmd->add_option(
+      "--prompts-file", serve->prompts_file,
+      "Prompt sets, cycled through; default: <model>/fixtures/bench_prompts.json");
+  serve_cmd->add_option("--model", serve->model_dir,
+                        "Target model of the local cluster (default: $TANDEM_MODEL_DIR, else the "
+                        "bundled models/tandem-target)");
+  serve_cmd->add_option("--drafter", serve->drafter_dir,
+                        "Drafter model of the local cluster (default: as `tandem up`)");
+  serve_cmd->add_option("--threads", serve->threads,
+                        "CPU threads of the local verifier and drafter; 0 = their default");
+  serve_cmd
+      ->add_option("--out-dir", serve->out_dir, "Where serve.json and serve.png go ('' = nowhere)")
+      ->capture_default_str();
+  serve_cmd
+      ->add_option("--threshold", serve->threshold,
+                   "auto's tokens/s over the best fixed mode's needed to PASS")
+      ->capture_default_str();
+  serve_cmd->add_flag("--json", serve->json, "Print JSON instead of a table");
+  serve_cmd->callback([serve, exit_code] { *exit_code = RunBenchServe(*serve); });
+
+  auto router = std::make_shared<BenchRouterArgs>();
+  CLI::App* router_cmd = bench->add_subcommand(
+      "router",
+      "The router's cost per streamed token on loopback: the same AR greedy requests straight "
+      "to the verifier and through the router, alternating, one at a time; token gaps, decode "
+      "time per token, TTFT and end-to-end on both paths and their paired differences");
+  router_cmd->add_option("--server", router->server,
+                         "A running router host:port (default: start a local cluster)");
+  router_cmd->add_option("--verifier", router->verifier,
+                         "With --server: a verifier behind that router");
+  AddClientTlsFlags(*router_cmd, &router->tls, "TANDEM");
+  router_cmd->add_option("--requests", router->requests, "Request pairs")->capture_default_str();
+  router_cmd->add_option("--max-tokens", router->max_tokens, "New tokens per request")
+      ->capture_default_str();
+  router_cmd->add_option("--prompts-file", router->prompts_file,
+                         "Prompt sets; default: <model>/fixtures/bench_prompts.json");
+  router_cmd->add_option("--model", router->model_dir,
+                         "Target model of the local cluster (default: the bundled one)");
+  router_cmd->add_option("--threads", router->threads,
+                         "CPU threads of the local verifier and drafter; 0 = their default");
+  router_cmd->add_flag("--json", router->json, "Print JSON instead of a table");
+  router_cmd->callback([router, exit_code] { *exit_code = RunBenchRouter(*router); });
 }
 
 }  // namespace tandem::cli

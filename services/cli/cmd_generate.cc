@@ -10,6 +10,7 @@
 #include "kernels/cpu/gemm.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
+#include "services/cli/locate.h"
 #include "services/common/server.h"
 #include "tandem/v1/generate.grpc.pb.h"
 #include "worker/engine/local_generator.h"
@@ -48,16 +49,21 @@ int RunGenerate(const GenerateArgs& args) {
     return 1;
   }
   GenerateOptions options;
-  // Drafting with the target itself shares its weights (the drafter keeps its own KV cache).
+  // spec without --drafter drafts with DefaultDrafterDir (the bundled tandem-drafter next to
+  // the target). Drafting with the target itself shares its weights (the drafter keeps its own
+  // KV cache).
+  const std::string drafter_dir = args.drafter_dir.empty() && args.mode == "spec"
+                                      ? DefaultDrafterDir(args.model_dir)
+                                      : args.drafter_dir;
   absl::StatusOr<LoadedModel> drafter;
-  if (!args.drafter_dir.empty() && args.drafter_dir != args.model_dir) {
-    drafter = LoadModelDir(args.drafter_dir);
+  if (!drafter_dir.empty() && drafter_dir != args.model_dir) {
+    drafter = LoadModelDir(drafter_dir);
     if (!drafter.ok()) {
       std::fprintf(stderr, "tandem generate: drafter: %s\n", drafter.status().ToString().c_str());
       return 1;
     }
     options.drafter = &*drafter;
-  } else if (!args.drafter_dir.empty()) {
+  } else if (!drafter_dir.empty()) {
     options.drafter = &*loaded;
   }
   options.mode = args.mode;
@@ -258,6 +264,19 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "diffusion: unmask slots whose top-1 probability reaches this (0 = whole "
                   "block per forward)")
       ->capture_default_str();
+  cmd->add_option("--nsp-block", args->mode_options.nsp_block,
+                  "nsp: tokens predicted per step (D); 0 = the model's block size")
+      ->capture_default_str();
+  cmd->add_option("--nsp-tau", args->mode_options.nsp_tau,
+                  "nsp: keep the longest prefix whose product of confidences reaches this")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  cmd->add_option("--nsp-confidence", args->mode_options.nsp_confidence,
+                  "nsp: token confidence, 'logit' (softmax probability) or 'entropy'")
+      ->check(CLI::IsMember({"logit", "entropy"}))
+      ->capture_default_str();
+  cmd->add_flag("--nsp-verify", args->mode_options.nsp_verify,
+                "nsp: verify the block with the AR pathway (self-speculative, lossless)");
   cmd->add_option("--self-spec-k", args->mode_options.self_spec_draft_len,
                   "self_spec: <|mask|> drafts per cycle; self_spec_quadratic: masks per group; "
                   "0 = the model's block size")
@@ -267,8 +286,16 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "0 = AR verification (lossless), > 0 is lossy")
       ->check(CLI::Range(0.0f, 1.0f))
       ->capture_default_str();
+  cmd->add_option("--isd-stride", args->mode_options.isd_stride,
+                  "isd: tokens proposed per step (N: one exact token and N - 1 drafts)")
+      ->capture_default_str();
+  cmd->add_option("--isd-tau", args->mode_options.isd_tau,
+                  "isd: relaxed acceptance min(1, (1 + tau) p / q); 0 = lossless, > 0 is lossy "
+                  "when sampling")
+      ->capture_default_str();
   cmd->add_option("--drafter", args->drafter_dir,
-                  "spec: drafter model directory (same tokenizer; may be the --model directory)");
+                  "spec: drafter model directory (same tokenizer; may be the --model directory); "
+                  "default: tandem-drafter next to the model when present, else the model");
   cmd->add_option("--gamma", args->mode_options.spec_gamma,
                   "spec: draft tokens verified per step; 0 = AR steps")
       ->capture_default_str();

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/cli/child_process.h"
 #include "services/cli/commands.h"
-#include "services/cli/locate.h"
+#include "services/cli/local_cluster.h"
 #include "services/common/server.h"
 
 namespace tandem::cli {
@@ -27,35 +27,6 @@ struct UpArgs {
   double start_timeout_seconds = 120;
 };
 
-// Stops the children in reverse order of start (the router first, so that nothing new reaches
-// a stopping verifier; the drafter last): SIGTERM, then SIGKILL after a grace period. True when
-// each one exited cleanly (status 0, or ended by the SIGTERM).
-bool StopAll(std::vector<std::unique_ptr<ChildProcess>>& children) {
-  bool clean = true;
-  for (auto it = children.rbegin(); it != children.rend(); ++it) {
-    ChildProcess& child = **it;
-    if (child.PollExit()) continue;  // already gone (and reported by the caller)
-    child.Signal(SIGTERM);
-    std::optional<int> status = child.WaitForExit(absl::Seconds(20));
-    if (!status) {
-      std::fprintf(stderr, "tandem up: the %s did not stop within 20s; killing it\n",
-                   child.name().c_str());
-      child.Signal(SIGKILL);
-      child.WaitForExit(absl::Seconds(5));
-      clean = false;
-      continue;
-    }
-    const bool ok = (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) ||
-                    (WIFSIGNALED(*status) && WTERMSIG(*status) == SIGTERM);
-    if (!ok) {
-      std::fprintf(stderr, "tandem up: the %s %s while stopping\n", child.name().c_str(),
-                   ChildProcess::DescribeExit(*status).c_str());
-      clean = false;
-    }
-  }
-  return clean;
-}
-
 // The router's HTTP address next to its gRPC one: the same host and the next port (8471 by
 // default), or a port of the OS's choice when --listen asks for one, so that several clusters
 // started with port 0 do not collide. "" when --listen has no port (the router says why).
@@ -67,20 +38,6 @@ std::string DefaultHttpListen(const std::string& listen) {
 }
 
 int RunUp(const UpArgs& args) {
-  auto drafter_bin = FindServiceBinary("tandem-drafter", "drafter");
-  auto verifier_bin = FindServiceBinary("tandem-verifier", "verifier");
-  auto router_bin = FindServiceBinary("tandem-router", "router");
-  auto model_dir = FindModelDir(args.model_dir);
-  for (const absl::Status& status :
-       {drafter_bin.status(), verifier_bin.status(), router_bin.status(), model_dir.status()}) {
-    if (!status.ok()) {
-      std::fprintf(stderr, "tandem up: %s\n", std::string(status.message()).c_str());
-      return 1;
-    }
-  }
-  const std::string drafter_model =
-      args.drafter_model_dir.empty() ? *model_dir : args.drafter_model_dir;
-
   // Signals are taken synchronously (sigtimedwait) by the loop below; children unblock them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -89,45 +46,29 @@ int RunUp(const UpArgs& args) {
   sigaddset(&signals, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const absl::Duration start_timeout = absl::Seconds(args.start_timeout_seconds);
-  std::vector<std::unique_ptr<ChildProcess>> children;
-  // Starts one service and waits for its address; on failure stops those already started.
-  auto start = [&](std::string name, std::vector<std::string> argv) -> absl::StatusOr<std::string> {
-    auto child = ChildProcess::Start({.name = std::move(name), .argv = std::move(argv)});
-    if (!child.ok()) return child.status();
-    children.push_back(std::move(*child));
-    return children.back()->WaitForAddress(start_timeout);
-  };
-  auto fail = [&](const absl::Status& status) {
-    std::fprintf(stderr, "tandem up: %s\n", std::string(status.message()).c_str());
-    StopAll(children);
-    return 1;
-  };
-  auto drafter = start("drafter", {*drafter_bin, "--model", drafter_model, "--listen",
-                                   "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"});
-  if (!drafter.ok()) return fail(drafter.status());
-  auto verifier = start("verifier", {*verifier_bin, "--model", *model_dir, "--drafter", *drafter,
-                                     "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"});
-  if (!verifier.ok()) return fail(verifier.status());
-  std::vector<std::string> router_argv = {*router_bin, "--verifier",       *verifier,
-                                          "--drafter", *drafter,           "--listen",
-                                          args.listen, "--metrics-listen", "127.0.0.1:0"};
   const std::string http_listen =
       args.http_listen.empty() ? DefaultHttpListen(args.listen) : args.http_listen;
-  if (http_listen != "off" && !http_listen.empty()) {
-    router_argv.insert(router_argv.end(), {"--http-listen", http_listen});
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start({
+      .who = "tandem up",
+      .model_dir = args.model_dir,
+      .drafter_model_dir = args.drafter_model_dir,
+      .router_listen = args.listen,
+      .router_http_listen = http_listen == "off" ? "" : http_listen,
+      .api_keys = args.api_keys,
+      .start_timeout = absl::Seconds(args.start_timeout_seconds),
+  });
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "tandem up: %s\n", std::string(cluster.status().message()).c_str());
+    return 1;
   }
-  for (const std::string& key : args.api_keys) {
-    router_argv.insert(router_argv.end(), {"--api-key", key});
-  }
-  auto router = start("router", std::move(router_argv));
-  if (!router.ok()) return fail(router.status());
-  std::printf("tandem up: drafter  %s (pid %d, model %s)\n", drafter->c_str(),
-              static_cast<int>(children[0]->pid()), drafter_model.c_str());
-  std::printf("tandem up: verifier %s (pid %d, model %s)\n", verifier->c_str(),
-              static_cast<int>(children[1]->pid()), model_dir->c_str());
-  std::printf("tandem up: router   %s (pid %d): tandem.v1.Generation\n", router->c_str(),
-              static_cast<int>(children[2]->pid()));
+  const LocalCluster& up = **cluster;
+  const auto& children = up.children();
+  std::printf("tandem up: drafter  %s (pid %d, model %s)\n", up.drafter_address().c_str(),
+              static_cast<int>(children[0]->pid()), up.drafter_model_dir().c_str());
+  std::printf("tandem up: verifier %s (pid %d, model %s)\n", up.verifier_address().c_str(),
+              static_cast<int>(children[1]->pid()), up.model_dir().c_str());
+  std::printf("tandem up: router   %s (pid %d): tandem.v1.Generation\n",
+              up.router_address().c_str(), static_cast<int>(children[2]->pid()));
   for (const auto& child : children) {
     // Prometheus text format; the address comes from the child's "metrics on" line.
     std::printf("tandem up: metrics  http://%s/metrics (%s)\n",
@@ -137,7 +78,7 @@ int RunUp(const UpArgs& args) {
     std::printf("tandem up: openai   http://%s/v1 (OpenAI-compatible HTTP API)\n", http->c_str());
   }
   std::printf("tandem up: Ctrl-C stops the cluster\n");
-  AnnounceListening("tandem up", *router);
+  AnnounceListening("tandem up", up.router_address());
 
   for (;;) {
     const timespec one_second = {1, 0};
@@ -145,14 +86,14 @@ int RunUp(const UpArgs& args) {
     const int signo = sigtimedwait(&signals, &info, &one_second);
     if (signo == SIGINT || signo == SIGTERM) {
       std::fprintf(stderr, "tandem up: stopping the cluster\n");
-      return StopAll(children) ? 0 : 1;
+      return (*cluster)->Stop() ? 0 : 1;
     }
-    for (auto& child : children) {
+    for (const auto& child : children) {
       if (std::optional<int> status = child->PollExit()) {
         std::fprintf(stderr, "tandem up: the %s (pid %d) %s; stopping the cluster\n",
                      child->name().c_str(), static_cast<int>(child->pid()),
                      ChildProcess::DescribeExit(*status).c_str());
-        StopAll(children);
+        (*cluster)->Stop();
         return 1;
       }
     }
@@ -178,7 +119,9 @@ void RegisterUp(CLI::App& app, int* exit_code) {
                   "Target model directory (default: $TANDEM_MODEL_DIR, else the bundled "
                   "models/tandem-target)");
   cmd->add_option("--drafter-model", args->drafter_model_dir,
-                  "Drafter model directory (default: the target model)");
+                  "Drafter model directory (default: tandem-drafter next to the target when "
+                  "present with the same tokenizer, e.g. the bundled models/tandem-drafter; "
+                  "else the target itself)");
   cmd->add_option("--start-timeout", args->start_timeout_seconds,
                   "Seconds each service may take to start")
       ->capture_default_str();

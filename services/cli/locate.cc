@@ -4,6 +4,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -41,6 +44,38 @@ absl::StatusOr<std::string> FindModelDir(const std::string& flag) {
   return absl::NotFoundError(
       "cannot find the bundled models/tandem-target above the tandem executable; pass --model "
       "or set TANDEM_MODEL_DIR");
+}
+
+std::string DefaultDrafterDir(const std::string& target_model_dir) {
+  const fs::path target(target_model_dir);
+  fs::path folder = target.lexically_normal();
+  if (folder.filename().empty()) folder = folder.parent_path();  // a trailing '/'
+  const fs::path drafter = folder.parent_path() / "tandem-drafter";
+  std::error_code error;
+  if (!fs::exists(drafter / "config.json", error) || fs::equivalent(drafter, target, error)) {
+    return target_model_dir;
+  }
+  auto read = [](const fs::path& path) -> std::optional<std::string> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return std::nullopt;
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const std::optional<std::string> a = read(target / "tokenizer.json");
+  const std::optional<std::string> b = read(drafter / "tokenizer.json");
+  if (!a.has_value() || !b.has_value() || *a != *b) return target_model_dir;
+  return drafter.string();
+}
+
+absl::StatusOr<std::string> FindRepoFile(const std::string& relative) {
+  for (fs::path dir = ExecutableDir(); !dir.empty(); dir = dir.parent_path()) {
+    const fs::path file = dir / relative;
+    if (fs::exists(file)) return file.string();
+    if (dir == dir.parent_path()) break;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("cannot find ", relative, " above the tandem executable (not a source tree?)"));
 }
 
 }  // namespace tandem::cli

@@ -1,0 +1,53 @@
+// `tandem bench serve`: a cluster under load. Closed-loop clients (C streams, each sending its
+// next greedy request as soon as the previous one finished) through a router, for each fixed
+// decoding mode and for `auto` (the router's choice), at each concurrency level; throughput
+// and latency per (mode, concurrency), and auto's throughput against the best fixed mode's.
+// Modes run interleaved per level (every mode at C = 1, then every mode at C = 2, ...) so that
+// the ratios compare measurements taken side by side in time.
+//
+// `tandem bench router`: the router's cost per streamed token. The same AR greedy requests go
+// straight to the verifier and through the router, alternately, and the client-observed token
+// gaps and end-to-end times of the two paths are compared.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "services/common/server.h"
+
+namespace tandem::cli {
+
+struct BenchServeArgs {
+  std::string server;  // a running router's host:port; "" = start a local cluster
+  ClientTlsFlags tls;
+  std::string model_dir;    // the launched cluster's target; also where the prompts come from
+  std::string drafter_dir;  // the launched cluster's drafter; "" = the launcher's default
+  int threads = 0;          // the launched verifier's and drafter's --threads; 0 = theirs
+  std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<std::string> modes;  // "" = ar + the lossless modes served + auto
+  int requests_per_level = 0;      // per (mode, concurrency); 0 = max(16, 4 x concurrency)
+  double duration_seconds = 0;     // > 0: run each (mode, concurrency) this long instead
+  int max_tokens = 64;
+  std::string prompts_file;   // "" = <model>/fixtures/bench_prompts.json
+  std::string out_dir = ".";  // serve.json and serve.png go here; "" = write neither
+  double threshold = 0.95;    // auto's throughput / the best fixed mode's, to pass
+  bool json = false;
+};
+
+int RunBenchServe(const BenchServeArgs& args);
+
+struct BenchRouterArgs {
+  std::string server;    // a running router; "" = start a local cluster
+  std::string verifier;  // that router's verifier (needed with --server)
+  ClientTlsFlags tls;
+  std::string model_dir;
+  int threads = 0;
+  int requests = 40;  // pairs (one direct, one through the router)
+  int max_tokens = 64;
+  std::string prompts_file;
+  bool json = false;
+};
+
+int RunBenchRouter(const BenchRouterArgs& args);
+
+}  // namespace tandem::cli

@@ -1,0 +1,52 @@
+// Client-side timing of one streamed generation (a router's Generation.Generate or a verifier's
+// Verifier.Generate; both stream GenerateResponse), shared by `tandem bench serve` and
+// `tandem bench router`.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/sync_stream.h"
+#include "tandem/v1/generate.pb.h"
+
+namespace tandem::cli {
+
+using BenchClock = std::chrono::steady_clock;
+
+// What a client saw of one stream. Times are seconds after the call started.
+struct TimedStream {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  // Each message that carried tokens: when it was read and how many it carried.
+  struct Chunk {
+    double time = 0;
+    int tokens = 0;
+  };
+  std::vector<Chunk> chunks;
+  double end = 0;    // when the stream finished (Finish returned)
+  std::string mode;  // the mode the server reported on its last message
+  std::string finish_reason;
+
+  bool ok() const { return status.ok(); }
+  // Time to the first token; 0 when none came.
+  double FirstToken() const { return chunks.empty() ? 0 : chunks.front().time; }
+  // Inter-token latencies: a message of n tokens that arrives g seconds after the previous
+  // token-bearing message gives each of its n tokens a latency of g / n (one sample per token
+  // after the first; the first message's other tokens count 0). A message per token (AR) gives
+  // exact per-token gaps.
+  std::vector<double> InterTokenLatencies() const;
+};
+
+// Reads a started call to the end and times it from `start` (taken just before the call).
+TimedStream ReadTimed(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
+                      BenchClock::time_point start);
+
+// The q-quantile (0..1) of `values` by the nearest-rank rule; 0 when empty.
+double Quantile(std::vector<double> values, double q);
+
+// "code 14 (UNAVAILABLE): message", for error summaries.
+std::string DescribeStatus(const grpc::Status& status);
+
+}  // namespace tandem::cli
