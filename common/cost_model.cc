@@ -109,7 +109,12 @@ void CostModelBuilder::Update(Bucket& bucket, double x, double y, double z, doub
   bucket.y += w * (y - bucket.y);
   bucket.z += w * (z - bucket.z);
   bucket.w += w * (wait - bucket.w);
-  bucket.s += w * (step - bucket.s);
+  if (step > 0) {
+    // Step times come only from some sequence-steps (see ObserveSequenceStep): their own mean.
+    ++bucket.step_samples;
+    const double ws = std::max(alpha_, 1.0 / static_cast<double>(bucket.step_samples));
+    bucket.s += ws * (step - bucket.s);
+  }
 }
 
 void CostModelBuilder::ObserveStep(int batch_tokens, double seconds) {

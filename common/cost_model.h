@@ -40,9 +40,10 @@ struct ModeLoadPoint {
   // in) and the host work between steps. It is what the step-time curve does not see: a mode
   // whose sequences often wait decodes slower than its TPF and extend tokens alone suggest.
   double wait_seconds = 0;
-  // Mean wall time of the steps the mode's sequences took part in: the mode's own step time at
-  // this load, with whatever its steps cost beyond the forward (on a shared host, a drafter's
-  // work competing with the verifier's) — what the shared curve, fed by every step, blurs.
+  // Mean wall time of the steps in which all sequences ran this mode: the mode's own step time
+  // at this load, with whatever its steps cost beyond the forward (on a shared host, a
+  // drafter's work competing with the verifier's) — what the shared curve, fed by every step,
+  // blurs. 0 when no such step was seen.
   double step_seconds = 0;
   int64_t samples = 0;  // sequence-steps observed
 };
@@ -87,7 +88,9 @@ class CostModelBuilder {
   void ObserveStep(int batch_tokens, double seconds);
   // One sequence's decode step in `mode`: the step had `sequences` sequences; this one put
   // `extend_tokens` tokens into it and gained `gained` completion tokens, after waiting
-  // `wait_seconds` since its previous step ended; the step took `step_seconds` (0: unknown).
+  // `wait_seconds` since its previous step ended; the step took `step_seconds` (0: not this
+  // mode's step time — the engine passes it only for steps whose sequences all ran this mode,
+  // since a mixed step's time belongs to the mix, not to any one of its modes).
   void ObserveSequenceStep(std::string_view mode, int sequences, int gained, int extend_tokens,
                            double wait_seconds = 0, double step_seconds = 0);
 
@@ -99,7 +102,8 @@ class CostModelBuilder {
     double y = 0;  // step seconds or tokens per step
     double z = 0;  // extend tokens (modes only)
     double w = 0;  // wait seconds (modes only)
-    double s = 0;  // step seconds (modes only)
+    double s = 0;  // step seconds (modes only; over `step_samples` observations)
+    int64_t step_samples = 0;
     int64_t samples = 0;
   };
   void Update(Bucket& bucket, double x, double y, double z, double wait = 0, double step = 0) const;

@@ -529,9 +529,13 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
   const auto batch_tokens = static_cast<double>(used);
   if (options_.observer != nullptr) options_.observer->OnStep(seconds, used);
   cost_builder_.ObserveStep(used, seconds);
+  // A step's time is a mode's own only when every sequence in it ran that mode.
+  const bool one_mode = std::all_of(batch.begin(), batch.end(), [&](const Planned& p) {
+    return p.seq->mode_name == batch.front().seq->mode_name;
+  });
   for (const SequenceObservation& o : observed) {
     cost_builder_.ObserveSequenceStep(o.mode, static_cast<int>(batch.size()), o.gained, o.extend,
-                                      o.wait, seconds);
+                                      o.wait, one_mode ? seconds : 0.0);
   }
   cost_ = cost_builder_.Snapshot();
   if (steps_ == 1) {
