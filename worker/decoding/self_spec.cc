@@ -106,24 +106,8 @@ absl::StatusOr<StepResult> SelfSpecMode::ConsumeVerify(const DecodeState& state,
                                                        const StepPlan& plan,
                                                        const ExtendOutput& out) {
   verify_next_ = false;
-  const int pending = state.pending();
-  const int m = static_cast<int>(plan.tokens.size()) - pending;
-  const uint64_t length = state.tokens.size();
-  StepResult result;
-  for (int i = 0; i < pending; ++i) result.keep.push_back(i);
   int j = 0;
-  for (; j < m; ++j) {
-    bool accepted = false;
-    const int32_t token = VerifyDraft(LogitsRow(out, j, vocab_size_), plan.tokens[pending + j],
-                                      *state.sampling, length + j, &accepted, &probs_);
-    result.append.push_back(token);
-    if (!accepted) break;
-    result.keep.push_back(pending + j);
-  }
-  if (j == m) {
-    result.append.push_back(
-        SampleToken(LogitsRow(out, m, vocab_size_), *state.sampling, length + m));
-  }
+  StepResult result = VerifyDraftRun(state, plan, out, vocab_size_, &j, &probs_);
   result.drafted = cycle_drafted_;
   result.accepted = 1 + j;  // d0 was accepted by the draft step
   return result;

@@ -24,4 +24,28 @@ int32_t VerifyDraft(std::span<const float> logits, int32_t draft, const Sampling
   return token >= 0 ? token : draft;
 }
 
+StepResult VerifyDraftRun(const DecodeState& state, const StepPlan& plan, const ExtendOutput& out,
+                          int vocab_size, int* accepted_drafts, std::vector<float>* scratch) {
+  const int pending = state.pending();
+  const int m = static_cast<int>(plan.tokens.size()) - pending;
+  const uint64_t length = state.tokens.size();
+  StepResult result;
+  for (int i = 0; i < pending; ++i) result.keep.push_back(i);
+  int j = 0;
+  for (; j < m; ++j) {
+    bool accepted = false;
+    const int32_t token = VerifyDraft(LogitsRow(out, j, vocab_size), plan.tokens[pending + j],
+                                      *state.sampling, length + j, &accepted, scratch);
+    result.append.push_back(token);
+    if (!accepted) break;
+    result.keep.push_back(pending + j);
+  }
+  if (j == m) {
+    result.append.push_back(
+        SampleToken(LogitsRow(out, m, vocab_size), *state.sampling, length + m));
+  }
+  *accepted_drafts = j;
+  return result;
+}
+
 }  // namespace tandem

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "worker/decoding/decoding_mode.h"
 #include "worker/sampling/sampling.h"
 
 namespace tandem {
@@ -18,5 +19,15 @@ namespace tandem {
 // calls to avoid a vocabulary-sized allocation per draft.
 int32_t VerifyDraft(std::span<const float> logits, int32_t draft, const SamplingParams& sampling,
                     uint64_t index, bool* accepted, std::vector<float>* scratch);
+
+// The AR verify pass of a self-speculative cycle: the plan's extend is the pending tokens
+// followed by m drafts, and output row j is the target's distribution at the j-th draft's
+// index (row m: the token after the last draft). Verifies the drafts in order with
+// VerifyDraft, keeps the pending tokens and the accepted drafts, appends the accepted drafts
+// plus the correction at the first rejection or, all accepted, the bonus token from row m.
+// `accepted_drafts` gets the number of drafts accepted. `drafted` / `accepted` are left for
+// the mode, which counts its cycle.
+StepResult VerifyDraftRun(const DecodeState& state, const StepPlan& plan, const ExtendOutput& out,
+                          int vocab_size, int* accepted_drafts, std::vector<float>* scratch);
 
 }  // namespace tandem
