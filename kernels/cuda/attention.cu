@@ -1,0 +1,318 @@
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using internal::kWarpSize;
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMaxHeadDim = 256;
+constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
+// Slots scored per step of the online softmax.
+constexpr int kTile = 64;
+constexpr int kMaxSplits = 64;
+constexpr int kHeuristicMaxSplits = 16;
+// The split heuristic aims for two waves of CTAs on an H100 (132 SMs). A constant keeps
+// AttentionSplits (and WorkspaceBytes) pure host functions; on a smaller GPU it only means
+// somewhat more splits than needed.
+constexpr int kTargetCtas = 2 * 132;
+// Below this many slots a sequence is not worth splitting; each split gets at least this many.
+constexpr int kMinSplitSlots = 512;
+
+// The extend that owns batch row `t`: the last one whose token_offset <= t.
+__device__ int FindExtend(const AttentionExtend* extends, int count, int t) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (extends[mid].token_offset <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Whether new token i sees new token j (worker/model/extend.h Visibility::Sees).
+__device__ bool Sees(const AttentionExtend& e, const uint64_t* masks, int i, int j) {
+  switch (e.visibility) {
+    case AttentionVisibility::kCausal:
+      return j <= i;
+    case AttentionVisibility::kFull:
+      return true;
+    case AttentionVisibility::kBlock:
+      return j / e.visibility_block <= i / e.visibility_block;
+    case AttentionVisibility::kExplicit: {
+      const int words = (e.new_tokens + 63) / 64;
+      const uint64_t word = masks[e.mask_offset + static_cast<int64_t>(i) * words + j / 64];
+      return (word >> (j % 64)) & 1u;
+    }
+  }
+  return false;
+}
+
+// Slots [lo, hi) outside which query i sees nothing; inside, new tokens still go through Sees.
+__device__ void VisibleSpan(const AttentionExtend& e, int i, int window, int* lo, int* hi) {
+  const int c = e.context_len;
+  *lo = window > 0 ? max(0, c + i - window + 1) : 0;
+  switch (e.visibility) {
+    case AttentionVisibility::kCausal:
+      *hi = c + i + 1;
+      break;
+    case AttentionVisibility::kBlock:
+      *hi = c + min(e.new_tokens, (i / e.visibility_block + 1) * e.visibility_block);
+      break;
+    default:
+      *hi = c + e.new_tokens;
+      break;
+  }
+}
+
+// One CTA per (batch row, q head, split). Online softmax over the split's slots in tiles of
+// kTile: warps score the tile's slots (lanes over head_dim), then every thread folds the tile
+// into its own head_dim columns of the running P·V. `splits` == 1 writes the normalised bf16
+// output; otherwise the unnormalised partial goes to the workspace for MergeKernel.
+__global__ void __launch_bounds__(kThreads)
+    AttentionKernel(const __nv_bfloat16* q, int q_stride, const __nv_bfloat16* k_cache,
+                    const __nv_bfloat16* v_cache, const int32_t* block_tables, int block_size,
+                    const AttentionExtend* extends, int num_extends, const uint64_t* masks,
+                    int q_heads, int kv_heads, int head_dim, float scale, int window,
+                    __nv_bfloat16* out, int out_stride, float* partial_o, float* partial_m,
+                    float* partial_l) {
+  __shared__ float q_shared[kMaxHeadDim];
+  __shared__ float scores[kTile];
+  __shared__ int64_t rows[kTile];  // element offset of each tile slot's K/V row
+
+  const int t = blockIdx.x;
+  const int head = blockIdx.y;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+  const int total_tokens = gridDim.x;
+  const int kv_head = head / (q_heads / kv_heads);
+  const AttentionExtend e = extends[FindExtend(extends, num_extends, t)];
+  const int i = t - e.token_offset;
+  const int32_t* table = block_tables + e.block_table_offset;
+  const int64_t row_elements = static_cast<int64_t>(kv_heads) * head_dim;
+
+  for (int d = threadIdx.x; d < head_dim; d += kThreads) {
+    q_shared[d] = __bfloat162float(q[static_cast<size_t>(t) * q_stride + head * head_dim + d]);
+  }
+
+  int lo = 0, hi = 0;
+  if (i >= 0 && i < e.new_tokens) VisibleSpan(e, i, window, &lo, &hi);
+  const int span = max(0, hi - lo);
+  const int chunk = (span + splits - 1) / splits;
+  const int begin = lo + min(span, split * chunk);
+  const int end = lo + min(span, (split + 1) * chunk);
+
+  float m = -INFINITY;  // running max of the scores seen
+  float l = 0.0f;       // running sum of exp(score - m)
+  float acc[kDimsPerThread] = {};
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  __syncthreads();  // q_shared
+
+  for (int tile = begin; tile < end; tile += kTile) {
+    const int tile_n = min(kTile, end - tile);
+    for (int kk = warp; kk < tile_n; kk += kWarps) {
+      const int slot = tile + kk;
+      const int64_t row =
+          static_cast<int64_t>(table[slot / block_size]) * block_size * row_elements +
+          static_cast<int64_t>(slot % block_size) * row_elements +
+          static_cast<int64_t>(kv_head) * head_dim;
+      const bool visible = slot < e.context_len || Sees(e, masks, i, slot - e.context_len);
+      float dot = 0.0f;
+      if (visible) {
+        for (int d = lane; d < head_dim; d += kWarpSize) {
+          dot += q_shared[d] * __bfloat162float(k_cache[row + d]);
+        }
+        dot = internal::WarpSum(dot);
+      }
+      if (lane == 0) {
+        scores[kk] = visible ? dot * scale : -INFINITY;
+        rows[kk] = row;
+      }
+    }
+    __syncthreads();
+    float tile_max = -INFINITY;
+    for (int kk = 0; kk < tile_n; ++kk) tile_max = fmaxf(tile_max, scores[kk]);
+    const float m_new = fmaxf(m, tile_max);
+    if (m_new != -INFINITY) {
+      const float correction = expf(m - m_new);  // m == -inf: 0 (nothing accumulated yet)
+      l *= correction;
+#pragma unroll
+      for (int j = 0; j < kDimsPerThread; ++j) acc[j] *= correction;
+      for (int kk = 0; kk < tile_n; ++kk) {
+        const float p = expf(scores[kk] - m_new);  // hidden slots: exp(-inf) = 0
+        if (p == 0.0f) continue;
+        l += p;
+        const __nv_bfloat16* v = v_cache + rows[kk];
+#pragma unroll
+        for (int j = 0; j < kDimsPerThread; ++j) {
+          const int d = threadIdx.x + j * kThreads;
+          if (d < head_dim) acc[j] += p * __bfloat162float(v[d]);
+        }
+      }
+      m = m_new;
+    }
+    __syncthreads();  // scores / rows are rewritten by the next tile
+  }
+
+  if (splits == 1) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // sees nothing: zero output
+    __nv_bfloat16* o = out + static_cast<size_t>(t) * out_stride + head * head_dim;
+#pragma unroll
+    for (int j = 0; j < kDimsPerThread; ++j) {
+      const int d = threadIdx.x + j * kThreads;
+      if (d < head_dim) o[d] = __float2bfloat16(acc[j] * inv);
+    }
+    return;
+  }
+  const size_t item = (static_cast<size_t>(split) * total_tokens + t) * q_heads + head;
+  float* o = partial_o + item * head_dim;
+#pragma unroll
+  for (int j = 0; j < kDimsPerThread; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d < head_dim) o[d] = acc[j];
+  }
+  if (threadIdx.x == 0) {
+    partial_m[item] = m;
+    partial_l[item] = l;
+  }
+}
+
+// One CTA per (batch row, q head): rescales each split's partial to the common maximum and
+// normalises by the combined sum. Splits that saw nothing have m = -inf and l = 0.
+__global__ void MergeKernel(const float* partial_o, const float* partial_m, const float* partial_l,
+                            int splits, int q_heads, int head_dim, __nv_bfloat16* out,
+                            int out_stride) {
+  const int t = blockIdx.x;
+  const int head = blockIdx.y;
+  const int total_tokens = gridDim.x;
+  auto item = [&](int s) { return (static_cast<size_t>(s) * total_tokens + t) * q_heads + head; };
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, partial_m[item(s)]);
+  float l = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    if (partial_m[item(s)] != -INFINITY) l += partial_l[item(s)] * expf(partial_m[item(s)] - m);
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  __nv_bfloat16* o = out + static_cast<size_t>(t) * out_stride + head * head_dim;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      if (partial_m[item(s)] == -INFINITY) continue;
+      sum += partial_o[item(s) * head_dim + d] * expf(partial_m[item(s)] - m);
+    }
+    o[d] = __float2bfloat16(sum * inv);
+  }
+}
+
+}  // namespace
+
+absl::Status PagedAttentionParams::Check() const {
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttentionParams.", parts...));
+  };
+  if (total_tokens < 0) return bad("total_tokens must be >= 0, got ", total_tokens);
+  if (num_extends < 0) return bad("num_extends must be >= 0, got ", num_extends);
+  if (total_tokens > 0 && num_extends == 0) return bad("num_extends is 0 but total_tokens > 0");
+  if (q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0) {
+    return bad("q_heads (", q_heads, ") must be a positive multiple of kv_heads (", kv_heads, ")");
+  }
+  if (q_heads > 65535) return bad("q_heads must be <= 65535, got ", q_heads);
+  if (head_dim <= 0 || head_dim > kMaxHeadDim) {
+    return bad("head_dim must be in [1, ", kMaxHeadDim, "], got ", head_dim);
+  }
+  if (block_size <= 0) return bad("block_size must be > 0, got ", block_size);
+  if (q_stride < q_heads * head_dim) {
+    return bad("q_stride ", q_stride, " is below q_heads * head_dim ", q_heads * head_dim);
+  }
+  if (out_stride < q_heads * head_dim) {
+    return bad("out_stride ", out_stride, " is below q_heads * head_dim ", q_heads * head_dim);
+  }
+  if (!std::isfinite(scale)) return bad("scale must be finite");
+  if (window < 0) return bad("window must be >= 0, got ", window);
+  if (max_kv_len < 0) return bad("max_kv_len must be >= 0, got ", max_kv_len);
+  if (num_splits < 0 || num_splits > kMaxSplits) {
+    return bad("num_splits must be in [0, ", kMaxSplits, "], got ", num_splits);
+  }
+  const size_t needed = WorkspaceBytes(*this);
+  if (workspace_bytes < needed || (needed > 0 && workspace == nullptr)) {
+    return bad("workspace: ", needed, " bytes required, got ", workspace_bytes,
+               workspace == nullptr ? " at null" : "");
+  }
+  if (total_tokens == 0) return absl::OkStatus();
+  if (q == nullptr) return bad("q is null");
+  if (k_cache == nullptr) return bad("k_cache is null");
+  if (v_cache == nullptr) return bad("v_cache is null");
+  if (block_tables == nullptr) return bad("block_tables is null");
+  if (extends == nullptr) return bad("extends is null");
+  if (out == nullptr) return bad("out is null");
+  const size_t out_bytes = (static_cast<size_t>(total_tokens - 1) * out_stride +
+                            static_cast<size_t>(q_heads) * head_dim) *
+                           sizeof(__nv_bfloat16);
+  const size_t q_bytes =
+      (static_cast<size_t>(total_tokens - 1) * q_stride + static_cast<size_t>(q_heads) * head_dim) *
+      sizeof(__nv_bfloat16);
+  if (internal::Overlap(out, out_bytes, q, q_bytes)) return bad("out overlaps q");
+  return absl::OkStatus();
+}
+
+int AttentionSplits(const PagedAttentionParams& params) {
+  if (params.num_splits > 0) return std::min(params.num_splits, kMaxSplits);
+  const int64_t ctas = static_cast<int64_t>(params.total_tokens) * params.q_heads;
+  if (ctas <= 0 || ctas >= kTargetCtas || params.max_kv_len < 2 * kMinSplitSlots) return 1;
+  const int64_t by_occupancy = (kTargetCtas + ctas - 1) / ctas;
+  const int64_t by_length = params.max_kv_len / kMinSplitSlots;
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min({by_occupancy, by_length, int64_t{kHeuristicMaxSplits}})));
+}
+
+size_t WorkspaceBytes(const PagedAttentionParams& params) {
+  const int splits = AttentionSplits(params);
+  if (splits <= 1 || params.total_tokens <= 0 || params.q_heads <= 0 || params.head_dim <= 0) {
+    return 0;
+  }
+  return static_cast<size_t>(splits) * params.total_tokens * params.q_heads *
+         (static_cast<size_t>(params.head_dim) + 2) * sizeof(float);
+}
+
+absl::Status Invoke(const PagedAttentionParams& params, cudaStream_t stream) {
+  if (absl::Status status = params.Check(); !status.ok()) return status;
+  if (params.total_tokens == 0) return absl::OkStatus();
+  const int splits = AttentionSplits(params);
+  float* partial_o = nullptr;
+  float* partial_m = nullptr;
+  float* partial_l = nullptr;
+  if (splits > 1) {
+    const size_t items = static_cast<size_t>(splits) * params.total_tokens * params.q_heads;
+    partial_o = static_cast<float*>(params.workspace);
+    partial_m = partial_o + items * params.head_dim;
+    partial_l = partial_m + items;
+  }
+  const dim3 grid(params.total_tokens, params.q_heads, splits);
+  AttentionKernel<<<grid, kThreads, 0, stream>>>(
+      params.q, params.q_stride, params.k_cache, params.v_cache, params.block_tables,
+      params.block_size, params.extends, params.num_extends, params.masks, params.q_heads,
+      params.kv_heads, params.head_dim, params.scale, params.window, params.out, params.out_stride,
+      partial_o, partial_m, partial_l);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (splits > 1) {
+    const int threads = std::min(kThreads, internal::CeilDiv(params.head_dim, 32) * 32);
+    MergeKernel<<<dim3(params.total_tokens, params.q_heads), threads, 0, stream>>>(
+        partial_o, partial_m, partial_l, splits, params.q_heads, params.head_dim, params.out,
+        params.out_stride);
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kernels::cuda

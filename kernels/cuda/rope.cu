@@ -1,0 +1,89 @@
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/rope.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One CTA per token; threads stride over (head, pair) for the q heads then the k heads. Each
+// thread reads and writes only its own pair, so in-place is race free.
+__global__ void RopeKernel(__nv_bfloat16* q, int q_stride, int q_heads, __nv_bfloat16* k,
+                           int k_stride, int k_heads, const int32_t* positions,
+                           const float* inv_freq, float scaling, int head_dim) {
+  const int t = blockIdx.x;
+  const int half = head_dim / 2;
+  const float position = static_cast<float>(positions[t]);
+  const int pairs = (q_heads + k_heads) * half;
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int head = p / half;
+    const int i = p % half;
+    __nv_bfloat16* v = head < q_heads
+                           ? q + static_cast<size_t>(t) * q_stride + head * head_dim
+                           : k + static_cast<size_t>(t) * k_stride + (head - q_heads) * head_dim;
+    // Accurate cosf/sinf (not the __ intrinsics): positions reach 1e5+, where the fast versions'
+    // missing range reduction is visibly wrong.
+    const float angle = position * inv_freq[i];
+    float s, c;
+    sincosf(angle, &s, &c);
+    c *= scaling;
+    s *= scaling;
+    const float a = __bfloat162float(v[i]);
+    const float b = __bfloat162float(v[i + half]);
+    v[i] = __float2bfloat16(a * c - b * s);
+    v[i + half] = __float2bfloat16(b * c + a * s);
+  }
+}
+
+}  // namespace
+
+absl::Status RopeParams::Check() const {
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("RopeParams.", parts...));
+  };
+  if (tokens < 0) return bad("tokens must be >= 0, got ", tokens);
+  if (head_dim <= 0 || head_dim % 2 != 0)
+    return bad("head_dim must be even and > 0, got ", head_dim);
+  if (q_heads < 0 || k_heads < 0) return bad("q_heads and k_heads must be >= 0");
+  if (q_heads > 0 && q_stride < q_heads * head_dim) {
+    return bad("q_stride ", q_stride, " is below q_heads * head_dim ", q_heads * head_dim);
+  }
+  if (k_heads > 0 && k_stride < k_heads * head_dim) {
+    return bad("k_stride ", k_stride, " is below k_heads * head_dim ", k_heads * head_dim);
+  }
+  if (!std::isfinite(attention_scaling)) return bad("attention_scaling must be finite");
+  if (tokens == 0 || q_heads + k_heads == 0) return absl::OkStatus();
+  if (q_heads > 0 && q == nullptr) return bad("q is null");
+  if (k_heads > 0 && k == nullptr) return bad("k is null");
+  if (positions == nullptr) return bad("positions is null");
+  if (inv_freq == nullptr) return bad("inv_freq is null");
+  if (q_heads > 0 && k_heads > 0) {
+    // Within one token's row: q's heads and k's heads must be disjoint ranges (same-stride
+    // layouts, e.g. both views of a fused qkv row, are the supported sharing).
+    const size_t q_row = static_cast<size_t>(q_heads) * head_dim * sizeof(__nv_bfloat16);
+    const size_t k_row = static_cast<size_t>(k_heads) * head_dim * sizeof(__nv_bfloat16);
+    if (internal::Overlap(q, q_row, k, k_row)) return bad("k overlaps q's heads");
+  }
+  return absl::OkStatus();
+}
+
+size_t WorkspaceBytes(const RopeParams& /*params*/) { return 0; }
+
+absl::Status Invoke(const RopeParams& params, cudaStream_t stream) {
+  if (absl::Status status = params.Check(); !status.ok()) return status;
+  const int pairs = (params.q_heads + params.k_heads) * params.head_dim / 2;
+  if (params.tokens == 0 || pairs == 0) return absl::OkStatus();
+  const int threads = std::min(kThreads, internal::CeilDiv(pairs, 32) * 32);
+  RopeKernel<<<params.tokens, threads, 0, stream>>>(
+      params.q, params.q_stride, params.q_heads, params.k, params.k_stride, params.k_heads,
+      params.positions, params.inv_freq, params.attention_scaling, params.head_dim);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kernels::cuda

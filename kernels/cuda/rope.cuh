@@ -1,0 +1,43 @@
+// Rotary position embedding with explicit (possibly repeated) per-token positions, "rotate
+// half" layout (pairs (i, i + head_dim / 2)) as kernels/cpu/rope.h, applied in place to the q
+// heads and the k heads of the same tokens in one launch (they may differ in count: GQA).
+// bf16 in memory; angles, cos/sin and the rotation in fp32 (angle = float(position) *
+// inv_freq[i], the CPU reference's order). Dynamic NTK scaling, whose table depends on the
+// sequence, takes one launch per extend with that extend's table.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace tandem::kernels::cuda {
+
+struct RopeParams {
+  __nv_bfloat16* q = nullptr;          // [tokens, q_heads, head_dim], row stride q_stride
+  int q_stride = 0;                    // elements between tokens, >= q_heads * head_dim
+  int q_heads = 0;                     // >= 0
+  __nv_bfloat16* k = nullptr;          // [tokens, k_heads, head_dim], row stride k_stride
+  int k_stride = 0;                    // (null with k_heads == 0: q only)
+  int k_heads = 0;                     // >= 0
+  const int32_t* positions = nullptr;  // [tokens] device
+  const float* inv_freq = nullptr;     // [head_dim / 2] device, fp32
+  float attention_scaling = 1.0f;      // multiplies cos and sin (YaRN / LongRoPE)
+  int tokens = 0;                      // 0 is a valid no-op
+  int head_dim = 0;                    // even, > 0
+  void* workspace = nullptr;           // unused (WorkspaceBytes is 0)
+  size_t workspace_bytes = 0;
+
+  // INVALID_ARGUMENT naming the bad field; host only. q and k may share one row (the fused qkv
+  // projection output) but their head ranges must not overlap.
+  absl::Status Check() const;
+};
+
+size_t WorkspaceBytes(const RopeParams& params);
+
+absl::Status Invoke(const RopeParams& params, cudaStream_t stream);
+
+}  // namespace tandem::kernels::cuda

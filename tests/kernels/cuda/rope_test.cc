@@ -1,0 +1,164 @@
+// kernels/cuda RoPE against kernels/cpu RopeInvoke on random q/k rows of a fused qkv layout with
+// repeated and large positions. Parameter checks run everywhere; the comparisons skip without a
+// CUDA device.
+#include "kernels/cuda/rope.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/rope.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using testing::Bf16;
+using testing::ExpectInvalid;
+
+class RopeCheckTest : public ::testing::Test {
+ protected:
+  RopeParams Valid() {
+    RopeParams p;
+    p.q = row_.data();
+    p.q_heads = 4;
+    p.q_stride = kStride;
+    p.k = row_.data() + 4 * kDim;
+    p.k_heads = 2;
+    p.k_stride = kStride;
+    p.positions = positions_.data();
+    p.inv_freq = inv_freq_.data();
+    p.tokens = 2;
+    p.head_dim = kDim;
+    return p;
+  }
+  static constexpr int kDim = 8;
+  static constexpr int kStride = 8 * kDim;
+  std::vector<Bf16> row_ = std::vector<Bf16>(2 * kStride);
+  std::vector<int32_t> positions_ = std::vector<int32_t>(2);
+  std::vector<float> inv_freq_ = std::vector<float>(kDim / 2);
+};
+
+TEST_F(RopeCheckTest, AcceptsFusedRowAndQOnly) {
+  RopeParams p = Valid();
+  EXPECT_TRUE(p.Check().ok()) << p.Check();
+  EXPECT_EQ(WorkspaceBytes(p), 0u);
+  p.k = nullptr;
+  p.k_heads = 0;
+  EXPECT_TRUE(p.Check().ok()) << p.Check();
+}
+
+TEST_F(RopeCheckTest, RejectsBadFields) {
+  RopeParams p = Valid();
+  p.head_dim = 7;
+  ExpectInvalid(p, "head_dim");
+  p = Valid();
+  p.q_stride = 3 * kDim;
+  ExpectInvalid(p, "q_stride");
+  p = Valid();
+  p.k_stride = kDim;
+  ExpectInvalid(p, "k_stride");
+  p = Valid();
+  p.k = row_.data() + 3 * kDim;  // shares q's last head
+  ExpectInvalid(p, "overlaps");
+  p = Valid();
+  p.positions = nullptr;
+  ExpectInvalid(p, "positions");
+  p = Valid();
+  p.inv_freq = nullptr;
+  ExpectInvalid(p, "inv_freq");
+  p = Valid();
+  p.k = nullptr;
+  ExpectInvalid(p, "k is null");
+  p = Valid();
+  p.tokens = -1;
+  ExpectInvalid(p, "tokens");
+  p = Valid();
+  p.attention_scaling = std::nanf("");
+  ExpectInvalid(p, "attention_scaling");
+}
+
+class RopeCudaTest : public testing::CudaTest {
+ protected:
+  void Run(int tokens, int q_heads, int k_heads, int head_dim, int max_position, float scaling) {
+    SCOPED_TRACE(absl::StrCat("tokens ", tokens, " heads ", q_heads, "/", k_heads, " head_dim ",
+                              head_dim, " max_position ", max_position));
+    // A fused [tokens, q | k | v] row like the qkv projection's output; v must stay untouched.
+    const int stride = (q_heads + 2 * k_heads) * head_dim;
+    const size_t n = static_cast<size_t>(tokens) * stride;
+    const std::vector<Bf16> x = testing::RandomBf16(rng_, n, 0.0f, 1.5f);
+    std::vector<int32_t> positions(tokens);
+    std::uniform_int_distribution<int32_t> pick(0, max_position);
+    for (int t = 0; t < tokens; ++t) {
+      // Every third token repeats its predecessor's position (tree and block drafts do).
+      positions[t] = t % 3 == 2 ? positions[t - 1] : pick(rng_);
+    }
+    std::vector<float> inv_freq(head_dim / 2);
+    for (int i = 0; i < head_dim / 2; ++i) {
+      inv_freq[i] = 1.0f / std::pow(1e6f, 2.0f * i / head_dim);
+    }
+
+    std::vector<float> want = testing::ToFloat(x);
+    for (int part = 0; part < 2; ++part) {
+      cpu::RopeParams rp;
+      rp.x = want.data() + (part == 0 ? 0 : q_heads * head_dim);
+      rp.positions = positions.data();
+      rp.inv_freq = inv_freq.data();
+      rp.attention_scaling = scaling;
+      rp.tokens = tokens;
+      rp.heads = part == 0 ? q_heads : k_heads;
+      rp.head_dim = head_dim;
+      rp.row_stride = stride;
+      ASSERT_TRUE(cpu::RopeCheck(rp));
+      cpu::RopeInvoke(rp);
+    }
+
+    auto d_x = testing::Upload(x);
+    auto d_positions = testing::Upload(positions);
+    auto d_inv_freq = testing::Upload(inv_freq);
+    ASSERT_TRUE(d_x.ok() && d_positions.ok() && d_inv_freq.ok());
+    RopeParams p;
+    p.q = d_x->get();
+    p.q_stride = stride;
+    p.q_heads = q_heads;
+    p.k = d_x->get() + q_heads * head_dim;
+    p.k_stride = stride;
+    p.k_heads = k_heads;
+    p.positions = d_positions->get();
+    p.inv_freq = d_inv_freq->get();
+    p.attention_scaling = scaling;
+    p.tokens = tokens;
+    p.head_dim = head_dim;
+    ASSERT_TRUE(Invoke(p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto got = testing::Download(d_x->get(), n);
+    ASSERT_TRUE(got.ok());
+    // An output is a*cos -/+ b*sin of the pair (a, b): it may cancel, so the bound scales with
+    // the pair's magnitude. Both sides form the same fp32 angle (one multiply); cos/sin differ by
+    // an ulp or two and the products may be fused, ~1e-7 of the magnitude; then the bf16
+    // rounding of the output.
+    const int half = head_dim / 2;
+    const std::vector<float> x_float = testing::ToFloat(x);
+    EXPECT_TRUE(testing::AllWithin("x", *got, want, stride, [&](size_t i) {
+      const int col = static_cast<int>(i % stride);
+      if (col >= (q_heads + k_heads) * head_dim) return 0.0f;  // v: untouched, exactly
+      const int d = col % head_dim;
+      const size_t base = i - d;
+      const float a = x_float[base + d % half];
+      const float b = x_float[base + d % half + half];
+      const float magnitude = (std::fabs(a) + std::fabs(b)) * std::fabs(scaling);
+      return testing::kBf16Unit * std::fabs(want[i]) + 1e-6f * magnitude + 1e-30f;
+    }));
+  }
+};
+
+TEST_F(RopeCudaTest, MatchesCpu) {
+  Run(1, 1, 1, 2, 10, 1.0f);
+  Run(7, 8, 2, 64, 4096, 1.0f);
+  Run(33, 16, 4, 128, 131072, 1.0f);  // long-context positions
+  Run(5, 12, 12, 80, 100, 1.1f);      // MHA, non-power-of-two head_dim, scaling
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
