@@ -314,7 +314,13 @@ the recipe). The training data is the Python standard library, under the PSF Lic
 
 
 def write(folder: Path) -> None:
-    (folder / "MODEL.md").write_text(render(folder))
+    cfg = json.loads((folder / "config.json").read_text())
+    if cfg.get("architectures") == ["TandemDFlashDrafter"]:
+        import dflash  # a drafter card: no AR metrics or greedy fixtures of its own
+        dflash.write_card(folder)
+        return
+    import lora  # LoRA drafting adapters inside the folder get a section each
+    (folder / "MODEL.md").write_text(lora.append_card_sections(render(folder), folder))
 
 
 def main() -> int:

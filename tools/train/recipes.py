@@ -24,6 +24,35 @@ class Stage:
 
 
 @dataclasses.dataclass(frozen=True)
+class DFlashSpec:
+    """A DFlash drafter's conditioning on its target (dflash.py)."""
+
+    target: str  # model folder under models/ whose hidden states, embeddings and LM head it uses
+    # Target hidden-state rows fed to the drafter's fc: layer l = the residual stream after l
+    # decoder layers (0 = embeddings, num_layers = before the final norm).
+    target_layer_ids: tuple[int, ...] = (1, 2, 4)
+    max_anchor: int = 4  # known clean tokens a at the head of a block: 1..max_anchor
+    anchor_one_prob: float = 0.5  # P(a = 1), the standard DFlash state; else a uniform on 2..max
+    blocks_per_row: int = 16  # blocks sampled per training row (one forward)
+    kl_weight: float = 0.5  # L = CE(target greedy) + kl_weight * KL(target || drafter)
+    # Slot k (1 = first draft) weighs exp(-(k - 1) / decay): an early miss ends acceptance.
+    slot_decay: float = 7.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """A gated LoRA adapter on a bundled model's draft positions (lora.py)."""
+
+    folder: str  # adapter folder inside the base model's folder
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj")
+    draft_slots: int = 3  # draft slots per block the mode uses (held-out accepted prefix)
+    eval_windows: int = 48  # held-out windows for the with / without adapter comparison
+
+
+@dataclasses.dataclass(frozen=True)
 class Recipe:
     name: str
     description: str
@@ -45,13 +74,18 @@ class Recipe:
     budget_minutes: int = 60  # wall-clock budget the step counts were sized for
     # Layout of the alpha-weighted loss: "diffusion" (diffusion.py, same-position masked
     # blocks), "sdlm" (sdlm.py, shifted all-masked blocks) or "idlm" (idlm.py, all-masked
-    # causal introspective-consistency training; alpha unused, the loss is auto-balanced).
+    # causal introspective-consistency training; alpha unused, the loss is auto-balanced) or
+    # "dflash" (dflash.py, its own loop: a drafter conditioned on the target's hidden states).
     objective: str = "diffusion"
     # Bundled model folder (under models/) whose weights and tokenizer the run starts from;
     # None = random init and a tokenizer trained from the corpus.
     init_from: str | None = None
     # Separate drafter: distil from this target's greedy continuations (distill.py).
     distill: DistillSpec | None = None
+    # DFlash drafter (objective "dflash"): conditioning on the target's hidden states.
+    dflash: DFlashSpec | None = None
+    # Gated LoRA adapter on init_from's draft positions (objectives "risd", "self_spec_lora").
+    lora: LoraSpec | None = None
 
     @property
     def total_steps(self) -> int:
@@ -189,7 +223,91 @@ DRAFTER = Recipe(
     distill=DistillSpec(target="tandem-target", rows=1536),
 )
 
-RECIPES = {r.name: r for r in (TARGET, SDLM, DRAFTER, IDLM)}
+# DFlash drafter (block diffusion drafting conditioned on the target's hidden states,
+# dflash.py): 2 Qwen3 layers of the target's width 256 (it reuses the target's frozen
+# embeddings and tied LM head), fc over the target's layers 1, 2 and 4 (low, middle and last
+# residual rows), block 8 (1 anchor + 7 drafts at a = 1). 1.38M trained parameters (2.8 MB
+# bf16). Data: the drafter recipe's distilled rows (same DistillSpec, so the cached .npz is
+# shared) plus 25% raw train windows; 16 blocks with their own (p, a) per row in one forward.
+# Sizing: on one thread of the reference machine shared with other jobs a step of 16 rows
+# (frozen target forward + drafter forward/backward over 2,048 block tokens) took 1.0-4.8 s
+# (20.7 min for the 800 steps of the bundled run; a 480-step run reached 2.04 instead of 2.54
+# simulated tokens per step), so 800 steps fit the 45 min budget unless the machine is busy.
+DFLASH = Recipe(
+    name="dflash",
+    description="DFlash drafter for tandem-target: block drafts conditioned on the target's "
+                "hidden states",
+    model=ModelConfig(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+    ),
+    stages=(Stage(name="dflash", steps=800, alpha=1.0),),
+    modes=("spec",),
+    seq_len=128,
+    batch_size=16,
+    budget_minutes=45,
+    objective="dflash",
+    distill=DistillSpec(target="tandem-target", rows=1536),
+    dflash=DFlashSpec(target="tandem-target"),
+)
 
-# Planned next (see tools/train/README.md): "drafter-dflash" (conditioned on target hidden
-# states), "idlm".
+# Gated LoRA adapters for the drafting pathways (lora.py): the base model is frozen and the
+# adapter is active only on draft positions, so verification stays the base model's and both
+# modes stay lossless. Labels are the verifier's own greedy tokens (computed in the same
+# forward); 6 of every 8 windows are the target's greedy continuations (the drafter recipe's
+# cached DistillSpec rows), so contexts look like what the model emits. Rank 8 on every
+# projection (alpha 16): 157k parameters, 0.6 MB fp32. Sizing: a step of 8 windows of 2 x 128
+# tokens takes about 2 s of one core's time, so 160 steps fit the 25 min budget on a quiet
+# machine; the bundled adapters were trained while compile jobs held the reference machine's two
+# cores (9-17 s per step) and the --minutes 24 guard stopped them after 86 and 85 steps (their
+# training.json and model cards say so).
+# R-ISD (I-DLM §3.2, Appendix G) on tandem-idlm: the mask stream of the I-DLM layout is gated;
+# ISD's default stride 4 uses the first 3 mask slots.
+RISD = Recipe(
+    name="risd",
+    description="R-ISD gated LoRA on tandem-idlm's mask positions (lossless isd proposals)",
+    model=TARGET.model,
+    stages=(Stage(name="risd", steps=160, alpha=1.0),),
+    modes=("isd",),
+    seq_len=128,
+    batch_size=8,
+    block_size=4,
+    peak_lr=2e-3,
+    warmup_steps=10,
+    weight_decay=0.0,
+    budget_minutes=25,
+    objective="risd",
+    init_from="tandem-idlm",
+    distill=DistillSpec(target="tandem-target", rows=1536),
+    lora=LoraSpec(folder="risd-lora", draft_slots=3),
+)
+
+# NLD §3.3 LoRA-enhanced linear self-speculation on tandem-target: every noisy block of the
+# dual-stream layout fully masked (the draft state), gated; "accepted + 1" cross-entropy.
+SELF_SPEC_LORA = Recipe(
+    name="self_spec_lora",
+    description="NLD §3.3 gated LoRA on tandem-target's diffusion draft pathway (self_spec)",
+    model=TARGET.model,
+    stages=(Stage(name="self_spec_lora", steps=160, alpha=1.0),),
+    modes=("self_spec",),
+    seq_len=128,
+    batch_size=8,
+    block_size=8,
+    peak_lr=2e-3,
+    warmup_steps=10,
+    weight_decay=0.0,
+    budget_minutes=25,
+    objective="self_spec_lora",
+    init_from="tandem-target",
+    distill=DistillSpec(target="tandem-target", rows=1536),
+    lora=LoraSpec(folder="draft-lora", draft_slots=8),
+)
+
+RECIPES = {r.name: r for r in (TARGET, SDLM, DRAFTER, IDLM, DFLASH, RISD, SELF_SPEC_LORA)}

@@ -21,15 +21,17 @@ import torch  # noqa: E402
 
 import corpus as corpus_lib  # noqa: E402
 import data  # noqa: E402
+import dflash  # noqa: E402
 import diffusion  # noqa: E402
 import distill  # noqa: E402
 import evaluate  # noqa: E402
 import export  # noqa: E402
 import idlm  # noqa: E402
+import lora  # noqa: E402
 import sdlm  # noqa: E402
 import tokenizer as tokenizer_lib  # noqa: E402
 from model import ModelConfig, Qwen3LM  # noqa: E402
-from recipes import TARGET, Stage  # noqa: E402
+from recipes import DFLASH, TARGET, DFlashSpec, Stage  # noqa: E402
 
 TINY = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -435,6 +437,239 @@ class IdlmLayoutTest(unittest.TestCase):
             self.assertAlmostEqual(idlm.appendix_b_tpf([1.0] * (n - 1), n), n)
             self.assertAlmostEqual(idlm.appendix_b_tpf([0.0] * (n - 1), n), 1.0)
         self.assertAlmostEqual(idlm.appendix_b_tpf([0.5, 0.5], 3), 2.5 / 1.75)
+
+
+class GatedLoraTest(unittest.TestCase):
+    """Gated LoRA adapters (lora.py) on the I-DLM and dual-stream layouts."""
+
+    L = 16
+
+    def adapted(self, seed: int = 5) -> tuple:
+        model = tiny_model(seed)
+        gate = lora.attach(model, rank=4, alpha=8.0, targets=lora.ATTN + lora.MLP, seed=seed)
+        with torch.no_grad():  # a non-zero B, so the adapter changes the gated rows
+            g = torch.Generator().manual_seed(seed)
+            for m in lora.adapters(model).values():
+                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.2)
+        return model, gate
+
+    def tokens(self, seed: int = 0, batch: int = 2) -> torch.Tensor:
+        return torch.randint(0, TINY.vocab_size - 1, (batch, self.L + 1),
+                             generator=torch.Generator().manual_seed(seed))
+
+    def test_verify_rows_are_bit_identical_to_the_base_model(self):
+        mask_id = TINY.vocab_size - 1
+        for objective, S in (("risd", 4), ("self_spec_lora", 8)):
+            model, gate = self.adapted()
+            base = tiny_model(5)
+            tokens = self.tokens()
+            inputs, positions, attention, g, draft, verify = lora.layout(
+                objective, self.L, S, mask_id, tokens)
+            with torch.no_grad():
+                gate.mask = g
+                got = model(inputs, positions, attention)
+                gate.mask = None
+                want = base(inputs, positions, attention)
+            self.assertTrue(torch.equal(got[:, verify], want[:, verify]), objective)
+            self.assertGreater(float((got[:, draft] - want[:, draft]).abs().amax()), 1e-3,
+                               objective)
+            # Off everywhere: the base model exactly.
+            with torch.no_grad():
+                self.assertTrue(torch.equal(model(inputs, positions, attention), want))
+
+    def test_save_writes_the_peft_layout_and_loads_back(self):
+        from safetensors.torch import load_file
+        model, gate = self.adapted()
+        with tempfile.TemporaryDirectory() as tmp:
+            lora.save(Path(tmp), model, 4, 8.0, lora.ATTN + lora.MLP, "tiny")
+            config = json.loads((Path(tmp) / "adapter_config.json").read_text())
+            self.assertEqual((config["peft_type"], config["r"], config["lora_alpha"],
+                              config["bias"]), ("LORA", 4, 8.0, "none"))
+            tensors = load_file(str(Path(tmp) / "adapter_model.safetensors"))
+            self.assertEqual(len(tensors), 2 * 7 * TINY.num_hidden_layers)
+            a = tensors["base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight"]
+            b = tensors["base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight"]
+            self.assertEqual(tuple(a.shape), (4, TINY.hidden_size))
+            self.assertEqual(tuple(b.shape), (TINY.num_key_value_heads * TINY.head_dim, 4))
+            self.assertEqual(a.dtype, torch.float32)
+            reloaded = tiny_model(5)
+            gate2 = lora.load(Path(tmp), reloaded)
+        tokens = self.tokens(1)
+        inputs, positions, attention, g, _, _ = lora.layout("risd", self.L, 4,
+                                                            TINY.vocab_size - 1, tokens)
+        with torch.no_grad():
+            gate.mask, gate2.mask = g, g
+            self.assertTrue(torch.equal(model(inputs, positions, attention),
+                                        reloaded(inputs, positions, attention)))
+
+    def test_accepted_plus_one(self):
+        q = torch.nn.functional.one_hot(torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]]), 10).float()
+        labels = torch.tensor([[1, 2, 0, 4, -100, 6, 0, 8]])
+        got = lora.accepted_plus_one(q, labels, 4)
+        # Block 0: slots 0, 1 hit, slot 2 is the first miss. Block 1: slot 0 unlabelled.
+        self.assertEqual(got.tolist(), [[True, True, True, False, False, False, False, False]])
+
+    def test_training_moves_only_the_adapter(self):
+        mask_id = TINY.vocab_size - 1
+        for objective, S in (("risd", 4), ("self_spec_lora", 8)):
+            model, gate = self.adapted(6)
+            frozen = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
+            opt = torch.optim.AdamW(lora.trainable(model), lr=1e-2)
+            value, active = lora.loss(objective, model, gate, self.tokens(2), S, mask_id)
+            self.assertGreater(active, 0)
+            value.backward()
+            opt.step()
+            for k, v in model.state_dict().items():
+                if "lora_" not in k:
+                    self.assertTrue(torch.equal(v, frozen[k]), k)
+            moved = [m.lora_B.grad.abs().sum() > 0 for m in lora.adapters(model).values()]
+            self.assertTrue(all(moved), objective)
+
+
+class DFlashTest(unittest.TestCase):
+    """The DFlash drafter (dflash.py) on tiny shapes: target = tiny_model, k = 2 tapped layers."""
+
+    B, LAYERS, MASK = 4, (1, 2), 299
+
+    def setUp(self):
+        self.target = tiny_model(8)
+        self.drafter = dflash.DFlashDrafter(TINY, len(self.LAYERS), self.B)
+        self.drafter.init_weights(torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(4)
+            for name, p in self.drafter.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(0.2 * torch.randn(p.shape, generator=g))
+        self.drafter.eval()
+        self.tokens = torch.randint(0, 290, (2, 24), generator=torch.Generator().manual_seed(5))
+
+    def logits(self, tokens, hidden, starts, anchors):
+        with torch.no_grad():
+            return dflash.draft_logits(self.drafter, self.target, tokens, hidden,
+                                       torch.tensor(starts), torch.tensor(anchors), self.MASK)
+
+    def test_block_layout_and_attention_pattern(self):
+        starts, anchors = torch.tensor([[3, 10]]), torch.tensor([[1, 3]])
+        ids, pos, mask, drafted = dflash.block_layout(starts, anchors, self.tokens[:1], self.B,
+                                                      self.MASK)
+        x = self.tokens[0]
+        self.assertEqual(ids[0].tolist(), [x[3], self.MASK, self.MASK, self.MASK,
+                                           x[10], x[11], x[12], self.MASK])
+        self.assertEqual(pos[0].tolist(), [3, 4, 5, 6, 10, 11, 12, 13])
+        self.assertEqual(drafted[0].tolist(), [False, True, True, True, False, False, False, True])
+        t = self.tokens.shape[1]
+        self.assertEqual(mask.shape, (1, 8, t + 8))
+        for q in range(8):
+            j, p = q // self.B, [3, 10][q // self.B]
+            # Context rows strictly before the block's start; every row of its own block
+            # (bidirectional), none of the other block.
+            self.assertEqual(mask[0, q, :t].tolist(), [c < p for c in range(t)])
+            self.assertEqual(mask[0, q, t:].tolist(), [k // self.B == j for k in range(8)])
+
+    def test_batched_blocks_equal_one_block_with_its_own_context(self):
+        hidden, _ = dflash.target_states(self.target, self.tokens, self.LAYERS)
+        starts, anchors = [[2, 9, 15], [5, 5, 20]], [[1, 2, 4], [1, 3, 1]]
+        got = self.logits(self.tokens, hidden, starts, anchors)
+        for r in range(2):
+            for j, (p, a) in enumerate(zip(starts[r], anchors[r])):
+                # Reference: only the context rows 0..p-1, one block, no mask at all.
+                ids = self.tokens[r, p:p + self.B].clone()
+                ids[a:] = self.MASK
+                with torch.no_grad():
+                    h = self.drafter(self.target.model.embed_tokens(ids[None]),
+                                     torch.arange(p, p + self.B)[None], hidden[r:r + 1, :p],
+                                     torch.arange(p)[None], None)
+                    ref = self.target.lm_head(h)[0]
+                torch.testing.assert_close(got[r, j], ref, atol=1e-5, rtol=1e-5)
+
+    def test_context_changes_drafts_and_future_rows_do_not(self):
+        tokens = self.tokens[:1]
+        with torch.no_grad():  # larger weights than the init, so context can flip an argmax
+            for name, p in self.drafter.named_parameters():
+                if p.dim() == 2:
+                    p.mul_(8.0)
+        hidden, _ = dflash.target_states(self.target, tokens, self.LAYERS)
+        base = self.logits(tokens, hidden, [[12]], [[1]])[0, 0]
+        later = hidden.clone()
+        later[:, 12:] += 5.0  # rows at and after the block start are not context
+        torch.testing.assert_close(self.logits(tokens, later, [[12]], [[1]])[0, 0], base)
+        earlier = hidden.clone()
+        earlier[:, :12] = torch.randn(earlier[:, :12].shape, generator=torch.Generator()
+                                      .manual_seed(6))
+        changed = self.logits(tokens, earlier, [[12]], [[1]])[0, 0]
+        self.assertGreater(float((changed - base).abs().max()), 1e-2)
+        self.assertFalse(torch.equal(changed[1:].argmax(-1), base[1:].argmax(-1)))
+
+    def test_target_states_are_the_residual_stream(self):
+        hidden, logits = dflash.target_states(self.target, self.tokens, (0, 2))
+        h = TINY.hidden_size
+        torch.testing.assert_close(hidden[..., :h], self.target.model.embed_tokens(self.tokens))
+        with torch.no_grad():
+            torch.testing.assert_close(logits, self.target(self.tokens))
+            # Layer 2 (the last) is the stream before the final norm.
+            torch.testing.assert_close(self.target.lm_head(self.target.model.norm(
+                hidden[..., h:])), logits)
+
+    def test_sampler_blocks_draft_the_continuation_and_are_keyed_by_step(self):
+        rows = np.random.default_rng(0).integers(0, 290, (5, 33)).astype(np.int32)
+        plens = np.array([8, 16, 8, 24, 16], dtype=np.int32)
+        stream = np.arange(2000, dtype=np.int32) % 290
+        spec = DFlashSpec(target="x", max_anchor=3, blocks_per_row=6)
+        sampler = dflash.RowSampler(rows, plens, stream, 0.25, spec, self.B)
+        tokens, starts, anchors = sampler(data.step_rng(1, 0, 2), 8)
+        again = sampler(data.step_rng(1, 0, 2), 8)
+        self.assertTrue(all(torch.equal(x, y) for x, y in zip((tokens, starts, anchors), again)))
+        self.assertEqual(tokens.shape, (8, 33))
+        self.assertTrue(bool(((anchors >= 1) & (anchors <= 3)).all()))
+        self.assertTrue(bool(((starts >= 1) & (starts + self.B <= 33)).all()))
+        for r in range(6):  # distilled rows: drafted slots lie in the greedy continuation
+            match = [i for i in range(5) if np.array_equal(rows[i], tokens[r].numpy())]
+            self.assertEqual(len(match), 1)
+            self.assertTrue(bool((starts[r] + anchors[r] >= int(plens[match[0]])).all()))
+        w = dflash.slot_weights(self.B, anchors, 2.0)
+        self.assertTrue(bool(((w > 0).sum(-1) == self.B - anchors).all()))
+        self.assertAlmostEqual(float(w[0, 0, int(anchors[0, 0])]), 1.0)
+
+    def test_loss_trains_only_the_drafter(self):
+        spec = DFlashSpec(target="x", target_layer_ids=self.LAYERS, max_anchor=2)
+        self.drafter.train()
+        loss, ce, kl, acc = dflash.step_loss(self.drafter, self.target, spec, self.tokens,
+                                             torch.tensor([[1, 7], [4, 12]]),
+                                             torch.tensor([[1, 2], [2, 1]]), self.MASK, self.B)
+        self.assertTrue(torch.isfinite(loss))
+        self.assertGreaterEqual(float(kl), -1e-6)
+        loss.backward()
+        self.assertIsNotNone(self.drafter.fc.weight.grad)
+        self.assertIsNone(self.target.model.embed_tokens.weight.grad)
+
+    def test_export_round_trip(self):
+        tok = tokenizer_lib.train(tiny_texts(), vocab_size=TINY.vocab_size)
+        recipe = dataclasses.replace(DFLASH, model=TINY, block_size=self.B,
+                                     dflash=DFlashSpec(target="t", target_layer_ids=self.LAYERS))
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            dflash.write(folder, self.drafter, recipe, tok)
+            cfg = json.loads((folder / "config.json").read_text())
+            self.assertEqual(cfg["architectures"], ["TandemDFlashDrafter"])
+            self.assertEqual(cfg["block_size"], self.B)
+            self.assertEqual(cfg["dflash"], {"target_layer_ids": [1, 2], "target": "t",
+                                             "max_anchor": 4})
+            self.assertEqual(cfg["tandem"]["modes"], ["spec"])
+            from safetensors.torch import load_file
+            names = set(load_file(str(folder / "model.safetensors")))
+            self.assertIn("fc.weight", names)
+            self.assertIn("layers.1.self_attn.k_norm.weight", names)
+            self.assertFalse(any("embed" in n or "lm_head" in n for n in names))
+            loaded, _ = dflash.load(folder)
+            rounded = dflash.DFlashDrafter(TINY, len(self.LAYERS), self.B)
+            rounded.load_state_dict({k: v.bfloat16().float()
+                                     for k, v in self.drafter.state_dict().items()})
+            hidden, _ = dflash.target_states(self.target, self.tokens, self.LAYERS)
+            args = (self.target, self.tokens, hidden, torch.tensor([[3], [8]]),
+                    torch.tensor([[1], [2]]), self.MASK)
+            with torch.no_grad():
+                torch.testing.assert_close(dflash.draft_logits(loaded, *args),
+                                           dflash.draft_logits(rounded.eval(), *args))
 
 
 if __name__ == "__main__":

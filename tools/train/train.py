@@ -161,6 +161,12 @@ def train(args: argparse.Namespace) -> int:
                        for s in recipe.stages)
         recipe = dataclasses.replace(recipe, stages=stages,
                                      warmup_steps=min(recipe.warmup_steps, 2))
+    if recipe.objective == "dflash":  # conditioned on the target's hidden states: own loop
+        import dflash
+        return dflash.train(args, recipe)
+    if recipe.lora:  # a gated adapter on a frozen bundled model: own loop
+        import lora
+        return lora.train(args, recipe)
     out = args.out or REPO_ROOT / "models" / f"tandem-{recipe.name}"
     work = args.work or Path(tempfile.gettempdir()) / f"tandem-train-{recipe.name}"
     work.mkdir(parents=True, exist_ok=True)
