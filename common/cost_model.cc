@@ -15,6 +15,12 @@ size_t BucketOf(int count) {
 
 }  // namespace
 
+const std::vector<std::string>& AutoModes() {
+  static const std::vector<std::string> modes = {"ar",  "spec",  "self_spec", "self_spec_quadratic",
+                                                 "isd", "jacobi"};
+  return modes;
+}
+
 std::optional<double> CostModel::StepSeconds(double batch_tokens) const {
   if (step_times.empty()) return std::nullopt;
   const std::vector<StepTimePoint>& p = step_times;

@@ -22,6 +22,11 @@
 
 namespace tandem {
 
+// The modes an "auto" request may be given: lossless under their default options (greedy
+// output equal to ar's, sampling in ar's distribution), in the order the router's policy
+// breaks ties (cheapest first). Verifiers calibrate exactly these at start-up.
+const std::vector<std::string>& AutoModes();
+
 // One bucket of the step-time curve: steps whose batch tokens fell in [2^k, 2^(k+1)).
 struct StepTimePoint {
   double batch_tokens = 0;  // mean batch tokens of the bucket's steps
@@ -29,10 +34,11 @@ struct StepTimePoint {
   int64_t samples = 0;      // steps observed
 };
 
-// One bucket of a mode's load curve: sequence-steps of the mode taken in steps with
-// [2^k, 2^(k+1)) sequences.
+// One bucket of a mode's load curve: sequence-steps of the mode taken while the verifier held
+// [2^k, 2^(k+1)) sequences decoding in that mode (its own load; other modes' sequences in the
+// same steps do not count).
 struct ModeLoadPoint {
-  double sequences = 0;        // mean sequences in those steps (the load)
+  double sequences = 0;        // mean resident sequences of the mode (the load)
   double tokens_per_step = 0;  // completion tokens a sequence gained per step (its TPF)
   double extend_tokens = 0;    // tokens a sequence put into the batch per step
   // Seconds a sequence waited between the end of its previous step and the start of this one:
@@ -40,10 +46,10 @@ struct ModeLoadPoint {
   // in) and the host work between steps. It is what the step-time curve does not see: a mode
   // whose sequences often wait decodes slower than its TPF and extend tokens alone suggest.
   double wait_seconds = 0;
-  // Mean wall time of the steps in which all sequences ran this mode: the mode's own step time
-  // at this load, with whatever its steps cost beyond the forward (on a shared host, a
-  // drafter's work competing with the verifier's) — what the shared curve, fed by every step,
-  // blurs. 0 when no such step was seen.
+  // Mean wall time of the steps taken while every resident sequence ran this mode (those that
+  // sat the step out included): the mode's own step time at this load, with whatever its steps
+  // cost beyond the forward (on a shared host, a drafter's work competing with the verifier's)
+  // — what the shared curve, fed by every step, blurs. 0 when no such step was seen.
   double step_seconds = 0;
   int64_t samples = 0;  // sequence-steps observed
 };
@@ -86,11 +92,12 @@ class CostModelBuilder {
 
   // One batched step of `batch_tokens` > 0 tokens that took `seconds`.
   void ObserveStep(int batch_tokens, double seconds);
-  // One sequence's decode step in `mode`: the step had `sequences` sequences; this one put
-  // `extend_tokens` tokens into it and gained `gained` completion tokens, after waiting
-  // `wait_seconds` since its previous step ended; the step took `step_seconds` (0: not this
-  // mode's step time — the engine passes it only for steps whose sequences all ran this mode,
-  // since a mixed step's time belongs to the mix, not to any one of its modes).
+  // One sequence's decode step in `mode`: the verifier held `sequences` resident sequences in
+  // that mode (this one included); this one put `extend_tokens` tokens into the step and gained
+  // `gained` completion tokens, after waiting `wait_seconds` since its previous step ended; the
+  // step took `step_seconds` (0: not this mode's step time — the engine passes it only for
+  // steps taken while every resident sequence ran this mode, since a mixed step's time belongs
+  // to the mix, not to any one of its modes).
   void ObserveSequenceStep(std::string_view mode, int sequences, int gained, int extend_tokens,
                            double wait_seconds = 0, double step_seconds = 0);
 

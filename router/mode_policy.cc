@@ -12,21 +12,15 @@ bool Contains(const std::vector<std::string>& list, std::string_view item) {
 
 }  // namespace
 
-const std::vector<std::string>& LosslessModes() {
-  static const std::vector<std::string> modes = {"ar", "spec", "self_spec", "self_spec_quadratic",
-                                                 "jacobi"};
-  return modes;
-}
-
 ModePolicy::ModePolicy(ModePolicyOptions options) : options_(options) {}
 
-ModeDecision ModePolicy::Decide(std::string_view key, const std::vector<std::string>& served,
-                                const CostModel& cost, double sequences,
-                                const ModeRequestTraits& request, std::string_view default_mode) {
-  // Candidates in tie-break order: the lossless modes first, then (if allowed) the rest as the
+ModePolicy::Estimates ModePolicy::Estimate(const std::vector<std::string>& served,
+                                           const CostModel& cost, double sequences,
+                                           const ModeRequestTraits& request) const {
+  // Candidates in tie-break order: the auto modes first, then (if allowed) the rest as the
   // verifier lists them.
   std::vector<std::string> order;
-  for (const std::string& mode : LosslessModes()) {
+  for (const std::string& mode : AutoModes()) {
     if (Contains(served, mode)) order.push_back(mode);
   }
   if (options_.allow_lossy) {
@@ -34,33 +28,48 @@ ModeDecision ModePolicy::Decide(std::string_view key, const std::vector<std::str
       if (!Contains(order, mode)) order.push_back(mode);
     }
   }
-  ModeDecision decision;
+  Estimates out;
+  const double load = std::max(1.0, sequences);
   for (const std::string& mode : order) {
     if (mode == "jacobi" && !request.greedy) continue;
-    if (std::optional<double> goodput = cost.Goodput(mode, std::max(1.0, sequences))) {
-      decision.estimates.emplace_back(mode, *goodput);
+    if (std::optional<double> goodput = cost.Goodput(mode, load)) {
+      out.goodputs.emplace_back(mode, *goodput);
+      out.supported.push_back(cost.MeasuredNear(mode, load, options_.min_samples));
     }
-  }
-  if (decision.estimates.empty()) {
-    decision.mode = default_mode.empty() ? "auto" : std::string(default_mode);
-    decision.reason = "no_data";
-    return decision;
   }
   // Modes measured near this load win over extrapolated ones: an estimate carried from
   // another load (calibration's small batches, say) may be far off, and acting on it costs
   // real traffic. Extrapolations decide only when no mode is measured near the load.
-  const double load = std::max(1.0, sequences);
-  auto supported = [&](const std::string& mode) {
-    return cost.MeasuredNear(mode, load, options_.min_samples);
-  };
-  const bool any_supported = std::any_of(decision.estimates.begin(), decision.estimates.end(),
-                                         [&](const auto& e) { return supported(e.first); });
-  auto best = decision.estimates.end();
-  for (auto it = decision.estimates.begin(); it != decision.estimates.end(); ++it) {
-    if (any_supported && !supported(it->first)) continue;
+  out.any_supported =
+      std::find(out.supported.begin(), out.supported.end(), true) != out.supported.end();
+  for (size_t i = 0; i < out.goodputs.size(); ++i) {
+    if (out.any_supported && !out.supported[i]) continue;
     // Strictly greater: ties keep the earlier mode.
-    if (best == decision.estimates.end() || it->second > best->second) best = it;
+    if (!out.best || out.goodputs[i].second > out.goodputs[*out.best].second) out.best = i;
   }
+  return out;
+}
+
+std::optional<double> ModePolicy::BestGoodput(const std::vector<std::string>& served,
+                                              const CostModel& cost, double sequences,
+                                              const ModeRequestTraits& request) const {
+  const Estimates estimates = Estimate(served, cost, sequences, request);
+  if (!estimates.best) return std::nullopt;
+  return estimates.goodputs[*estimates.best].second;
+}
+
+ModeDecision ModePolicy::Decide(std::string_view key, const std::vector<std::string>& served,
+                                const CostModel& cost, double sequences,
+                                const ModeRequestTraits& request, std::string_view default_mode) {
+  Estimates estimated = Estimate(served, cost, sequences, request);
+  ModeDecision decision;
+  decision.estimates = estimated.goodputs;
+  if (!estimated.best) {
+    decision.mode = default_mode.empty() ? "auto" : std::string(default_mode);
+    decision.reason = "no_data";
+    return decision;
+  }
+  const auto best = decision.estimates.begin() + static_cast<ptrdiff_t>(*estimated.best);
   auto estimate_of = [&](std::string_view mode) {
     return std::find_if(decision.estimates.begin(), decision.estimates.end(),
                         [&](const auto& e) { return e.first == mode; });
@@ -69,7 +78,8 @@ ModeDecision ModePolicy::Decide(std::string_view key, const std::vector<std::str
   absl::MutexLock lock(&mu_);
   KeyState& state = state_[std::string(key)];
   auto current = estimate_of(state.current);
-  if (current != decision.estimates.end() && any_supported && !supported(current->first)) {
+  if (current != decision.estimates.end() && estimated.any_supported &&
+      !estimated.supported[static_cast<size_t>(current - decision.estimates.begin())]) {
     current = decision.estimates.end();  // replaced by a measured mode at once
   }
   if (current == decision.estimates.end() || current == best) {

@@ -11,7 +11,8 @@
 // the common case.
 //
 // Candidates: modes the verifier serves, that it has measured, and that the request allows:
-// by default only lossless modes (ar, spec, self_spec, self_spec_quadratic, jacobi) - an
+// by default only the auto modes (AutoModes(): ar, spec, self_spec, self_spec_quadratic, isd,
+// jacobi; lossless under their default options) - an
 // "auto" request must get the target model's distribution - and jacobi only for greedy
 // requests (it decodes greedily).
 //
@@ -33,6 +34,7 @@
 // Thread-safety: Decide may be called from any thread; one mutex guards the per-key state.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -67,9 +69,6 @@ struct ModeDecision {
   std::vector<std::pair<std::string, double>> estimates;
 };
 
-// The lossless modes, in the order ties are broken (cheapest first).
-const std::vector<std::string>& LosslessModes();
-
 class ModePolicy {
  public:
   explicit ModePolicy(ModePolicyOptions options = {});
@@ -80,9 +79,24 @@ class ModePolicy {
                       const CostModel& cost, double sequences, const ModeRequestTraits& request,
                       std::string_view default_mode);
 
+  // The best candidate's estimate at `sequences` by the same rules as Decide (candidates,
+  // support), without hysteresis or state: what the verifier could do at that load. nullopt
+  // when no candidate has measurements. The router's verifier choice compares verifiers by it.
+  std::optional<double> BestGoodput(const std::vector<std::string>& served, const CostModel& cost,
+                                    double sequences, const ModeRequestTraits& request) const;
+
   const ModePolicyOptions& options() const { return options_; }
 
  private:
+  struct Estimates {
+    std::vector<std::pair<std::string, double>> goodputs;  // candidate order
+    std::vector<bool> supported;                           // measured near the load, per entry
+    bool any_supported = false;
+    std::optional<size_t> best;  // index into goodputs under the support rule
+  };
+  Estimates Estimate(const std::vector<std::string>& served, const CostModel& cost,
+                     double sequences, const ModeRequestTraits& request) const;
+
   struct KeyState {
     std::string current;
     std::string challenger;  // the mode beating `current` by the margin lately

@@ -149,17 +149,40 @@ absl::StatusOr<ModelDescription> VerifierPool::ResolveModel(std::string_view id)
 }
 
 absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string_view mode,
-                                             std::optional<size_t> avoid) {
+                                             std::optional<size_t> avoid, const Gain& gain,
+                                             double gain_margin) {
   absl::MutexLock lock(&mu_);
   const size_t n = entries_.size();
-  std::optional<size_t> best;
+  std::optional<size_t> best;  // the least loaded
+  std::vector<size_t> eligible;
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (next_ + k) % n;
     const Entry& entry = entries_[i];
     if (!entry.healthy || !entry.info || entry.retired || i == avoid) continue;
     if (!model.empty() && entry.info->model != model) continue;
     if (!ServesMode(*entry.info, mode)) continue;
+    eligible.push_back(i);
     if (!best || entry.in_flight < entries_[*best].in_flight) best = i;
+  }
+  if (best && gain && eligible.size() > 1) {
+    auto gain_of = [&](size_t i) {
+      const Entry& entry = entries_[i];
+      return gain(*entry.info, entry.load.get(), entry.in_flight);
+    };
+    // Only a verifier the estimate can judge is compared; without an estimate for the least
+    // loaded one, balancing decides.
+    if (const std::optional<double> base = gain_of(*best)) {
+      size_t pick = *best;
+      double pick_gain = *base;
+      for (size_t i : eligible) {
+        const std::optional<double> g = gain_of(i);
+        if (g && *g > pick_gain) {
+          pick = i;
+          pick_gain = *g;
+        }
+      }
+      if (pick_gain > *base * (1 + gain_margin)) best = pick;
+    }
   }
   if (!best) {
     return absl::UnavailableError(absl::StrCat(

@@ -1,6 +1,7 @@
 // The router's table of verifiers: each one's address, what it serves (from its GetInfo), whether
 // it is up (from GetLoad polls and failed streams) and how many of the router's streams it
-// carries. Chooses the least-loaded healthy verifier for a request. No gRPC here: the service
+// carries. Chooses a healthy verifier for a request: the least loaded, or the one where the
+// request adds most goodput when the caller can estimate it. No gRPC here: the service
 // layer polls the verifiers and reports what it learns, so the balancing policy is testable
 // without a network. Entries can be added while the router runs (verifiers discovered through
 // the registry) and retired (their registration expired); indices stay valid forever, so a
@@ -10,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,12 +85,24 @@ class VerifierPool {
   // InvalidArgument names the models there are; Unavailable before any verifier answered.
   absl::StatusOr<ModelDescription> ResolveModel(std::string_view id) const;
 
-  // Picks the healthy verifier serving `model` (and `mode`, unless it is "" or "auto") with the
-  // fewest streams in flight and counts one more stream on it; Release() ends it. Unavailable
-  // (naming the model) when no healthy verifier serves it. `avoid` (a verifier whose stream just
-  // failed) is never picked.
+  // What one more request is worth on a verifier: its estimated gain in goodput (tokens/s)
+  // from its info, last load report (null before any) and the router's streams on it; nullopt
+  // when it cannot say (no measurements). Called with the pool's lock held: it must not call
+  // back into the pool.
+  using Gain = std::function<std::optional<double>(const VerifierInfo& info,
+                                                   const VerifierLoad* load, int in_flight)>;
+
+  // Picks the healthy verifier serving `model` (and `mode`, unless it is "" or "auto") and
+  // counts one more stream on it; Release() ends it. By default the one with the fewest streams
+  // in flight. With `gain`, a verifier whose gain beats the least-loaded one's by more than
+  // `gain_margin` (relative) is picked instead — the best one: on unlike verifiers (a faster
+  // device, a better drafter, another mode measured better) the least loaded is not always
+  // where a request adds most; on like ones the estimates tie within the margin and the choice
+  // stays the least loaded. Unavailable (naming the model) when no healthy verifier serves it.
+  // `avoid` (a verifier whose stream just failed) is never picked.
   absl::StatusOr<size_t> Acquire(std::string_view model, std::string_view mode,
-                                 std::optional<size_t> avoid = std::nullopt);
+                                 std::optional<size_t> avoid = std::nullopt,
+                                 const Gain& gain = nullptr, double gain_margin = 0.10);
   void Release(size_t index);
 
  private:

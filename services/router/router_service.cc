@@ -360,7 +360,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     return call;
   }
   auto* call = new_call(&admission_);
-  absl::StatusOr<size_t> verifier = pool_->Acquire(model->id, request->mode());
+  absl::StatusOr<size_t> verifier =
+      pool_->Acquire(model->id, request->mode(), std::nullopt, GainOf(*request));
   if (!verifier.ok()) {
     call->Fail(ToGrpcStatus(verifier.status()));
     return call;
@@ -391,6 +392,27 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
                      .migrations = &migrations_};
   call->Relay(env, *verifier, stub, std::move(upstream), context->deadline());
   return call;
+}
+
+router::VerifierPool::Gain RouterService::GainOf(const v1::GenerateRequest& request) const {
+  // A pinned mode's verifier is chosen by balancing alone: the gain estimates the best mode.
+  if (options_.mode_policy == nullptr || (!request.mode().empty() && request.mode() != "auto")) {
+    return nullptr;
+  }
+  const router::ModeRequestTraits traits{.greedy = request.sampling().temperature() <= 0};
+  const router::ModePolicy* policy = options_.mode_policy;
+  return [policy, traits](const router::VerifierInfo& info, const router::VerifierLoad* load,
+                          int in_flight) -> std::optional<double> {
+    if (load == nullptr) return std::nullopt;
+    // The same load measure as ChooseMode's, before and after this request.
+    const double now = std::max(load->running + load->queued + 0.0, in_flight + 0.0);
+    const std::optional<double> with = policy->BestGoodput(info.modes, load->cost, now + 1, traits);
+    if (!with) return std::nullopt;
+    if (now < 1) return *with;
+    const std::optional<double> without = policy->BestGoodput(info.modes, load->cost, now, traits);
+    if (!without) return std::nullopt;
+    return *with - *without;
+  };
 }
 
 void RouterService::ChooseMode(size_t verifier, v1::VerifyRequest* upstream) {

@@ -13,7 +13,8 @@
 // gap, no duplicate. After `max_migrations` such moves the error reaches the client.
 //
 // Mode: a request that names its mode gets it ("pinned"). An "auto" (or empty) request goes to
-// the least-loaded verifier first; then the mode policy (router/mode_policy.h) picks its mode
+// the least-loaded verifier unless another one's best mode gains clearly more goodput from one
+// more request (VerifierPool::Acquire with GainOf); then the mode policy picks its mode
 // from that verifier's reported cost model at the verifier's load with this request, and the
 // verifier gets that mode by name. Every decision is counted in tandem_mode_decisions_total with
 // its reason.
@@ -87,6 +88,10 @@ class RouterService final
  private:
   // Names the mode of `upstream` (going to `verifier`) when the client asked for "auto", and
   // records the decision.
+  // For VerifierPool::Acquire: what an "auto" request adds on a verifier (its best mode's
+  // estimated goodput with the request minus without it); null for pinned modes or without a
+  // policy.
+  router::VerifierPool::Gain GainOf(const v1::GenerateRequest& request) const;
   void ChooseMode(size_t verifier, v1::VerifyRequest* upstream);
 
   router::VerifierPool* pool_;

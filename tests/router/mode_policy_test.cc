@@ -12,7 +12,7 @@ namespace tandem::router {
 namespace {
 
 const std::vector<std::string> kServed = {
-    "ar", "jacobi", "spec", "self_spec", "self_spec_quadratic", "diffusion"};
+    "ar", "jacobi", "spec", "self_spec", "self_spec_quadratic", "isd", "diffusion"};
 
 // A CPU-like curve: a fixed cost of 10 ms per step plus 1 ms per batch token.
 CostModel Curve() {
@@ -138,6 +138,19 @@ TEST(ModePolicyTest, OnlyModesTheVerifierServesAndTheRequestAllows) {
   EXPECT_EQ(policy.Decide("c", {"ar", "diffusion"}, cost, 1, {}, "ar").mode, "ar");
   ModePolicy lossy({.allow_lossy = true});
   EXPECT_EQ(lossy.Decide("d", kServed, cost, 1, {}, "ar").mode, "diffusion");
+}
+
+TEST(ModePolicyTest, IsdIsACandidateAndBestGoodputIsTheUnconditionalBest) {
+  CostModel cost = ArAndSpec();
+  AddMode(cost, "isd", 3.5, 7.0);  // lossless at its default tau = 0
+  ModePolicy policy;
+  // One sequence: isd 3.5 / 17 ms = 206 tok/s beats spec's 3 / 15 ms = 200 and ar's 91.
+  EXPECT_EQ(policy.Decide("a", kServed, cost, 1, {}, "ar").mode, "isd");
+  EXPECT_NEAR(*policy.BestGoodput(kServed, cost, 1, {}), 3.5 / 0.017, 1e-6);
+  // At 64 sequences AR is best, whatever the key's state (BestGoodput keeps none).
+  EXPECT_NEAR(*policy.BestGoodput(kServed, cost, 64, {}), 64 / 0.074, 1e-6);
+  EXPECT_FALSE(policy.BestGoodput(kServed, Curve(), 1, {}).has_value());
+  EXPECT_FALSE(policy.BestGoodput({"ar"}, CostModel(), 1, {}).has_value());
 }
 
 TEST(ModePolicyTest, HysteresisNeedsTheMarginOnConsecutiveDecisions) {

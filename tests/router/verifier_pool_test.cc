@@ -1,6 +1,10 @@
 // The router's verifier table: model catalog, least-loaded choice, health.
 #include "router/verifier_pool.h"
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace tandem::router {
@@ -85,6 +89,43 @@ TEST(VerifierPoolTest, AcquireHonoursModelAndMode) {
   EXPECT_NE(missing.status().message().find("model 'k'"), std::string::npos);
   pool.SetHealthy(1, false);
   EXPECT_EQ(pool.Acquire("m", "spec").status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(VerifierPoolTest, AGainBeyondTheMarginBeatsBalancingAndTiesStayLeastLoaded) {
+  VerifierPool pool({"a:1", "b:2"});
+  for (size_t i = 0; i < 2; ++i) {
+    pool.SetInfo(i, Info("m", {"ar"}, 512, "w" + std::to_string(i)));
+    pool.SetHealthy(i, true);
+  }
+  // b carries one stream more than a.
+  ASSERT_EQ(*pool.Acquire("m", "ar"), 0u);
+  ASSERT_EQ(*pool.Acquire("m", "ar"), 1u);
+  ASSERT_EQ(*pool.Acquire("m", "ar"), 0u);
+  pool.Release(0);
+  ASSERT_EQ(pool.InFlight(0), 1);
+  ASSERT_EQ(pool.InFlight(1), 1);
+  ASSERT_EQ(*pool.Acquire("m", "ar"), 1u);  // now a: 1, b: 2
+  std::vector<double> gains = {100, 150};   // by index
+  auto gain = [&](const VerifierInfo& info, const VerifierLoad*, int) -> std::optional<double> {
+    return gains[info.worker_id == "w0" ? 0 : 1];
+  };
+  // b's request adds 50 % more: it goes there although b is busier.
+  EXPECT_EQ(*pool.Acquire("m", "", std::nullopt, gain), 1u);
+  pool.Release(1);
+  // Within the margin (105 vs 100): balancing decides.
+  gains = {100, 105};
+  EXPECT_EQ(*pool.Acquire("m", "", std::nullopt, gain), 0u);
+  pool.Release(0);
+  // Without an estimate for the least-loaded verifier, balancing decides too.
+  auto partial = [&](const VerifierInfo& info, const VerifierLoad*, int) -> std::optional<double> {
+    if (info.worker_id == "w0") return std::nullopt;
+    return 1000.0;
+  };
+  EXPECT_EQ(*pool.Acquire("m", "", std::nullopt, partial), 0u);
+  pool.Release(0);
+  // A verifier that must be avoided is never picked, however good its estimate.
+  gains = {100, 1000};
+  EXPECT_EQ(*pool.Acquire("m", "", size_t{1}, gain), 0u);
 }
 
 }  // namespace

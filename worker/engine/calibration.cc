@@ -9,9 +9,6 @@
 
 namespace tandem {
 
-const char* const kCalibratedModes[5] = {"ar", "spec", "self_spec", "self_spec_quadratic",
-                                         "jacobi"};
-
 namespace {
 
 // Prose, so that drafts and Jacobi guesses meet text like real traffic's rather than noise.
@@ -60,7 +57,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Engine& engine, const CalibrationOpt
     }
   }
   std::vector<std::string> modes = options.modes;
-  if (modes.empty()) modes.assign(std::begin(kCalibratedModes), std::end(kCalibratedModes));
+  if (modes.empty()) modes = AutoModes();
 
   CalibrationResult result;
   const absl::Time start = absl::Now();

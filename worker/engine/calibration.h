@@ -19,7 +19,8 @@ namespace tandem {
 struct CalibrationOptions {
   // Modes to measure; a mode the engine refuses (e.g. `spec` without a default drafter, the
   // self-speculative modes on a checkpoint without a <|mask|> token) is skipped and named in
-  // the result. Empty = the lossless modes the router's policy may choose (kCalibratedModes).
+  // the result. Empty = the modes the router's policy may choose (AutoModes() in
+  // common/cost_model.h).
   std::vector<std::string> modes;
   std::vector<int> batch_sizes = {1, 2, 4, 8};  // concurrent requests per round
   int tokens = 16;                              // completion tokens per request
@@ -27,9 +28,6 @@ struct CalibrationOptions {
   // round starts after it.
   absl::Duration budget = absl::Seconds(2);
 };
-
-// The default modes: every lossless mode (the ones an "auto" request may get).
-extern const char* const kCalibratedModes[5];
 
 struct CalibrationResult {
   std::vector<std::string> measured;  // modes that ran at least one round

@@ -120,10 +120,10 @@ TEST_F(EngineCostTest, CalibrationMeasuresEveryLosslessMode) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_FALSE(result->out_of_time);
   EXPECT_TRUE(result->skipped.empty()) << result->skipped.front();
-  EXPECT_EQ(result->requests, 5 * 3);
+  EXPECT_EQ(result->requests, static_cast<int>(AutoModes().size()) * 3);
   const CostModel cost = engine->Load().cost;
   EXPECT_FALSE(cost.step_times.empty());
-  for (const char* mode : kCalibratedModes) {
+  for (const std::string& mode : AutoModes()) {
     EXPECT_NE(std::find(result->measured.begin(), result->measured.end(), mode),
               result->measured.end())
         << mode;
@@ -207,6 +207,36 @@ TEST_F(EngineCostTest, AdaptiveGammaKeepsGreedyOutputsExact) {
   const CostModel cost = engine->Load().cost;
   EXPECT_TRUE(cost.modes.count("spec"));
   EXPECT_TRUE(cost.modes.count("ar"));
+}
+
+TEST_F(EngineCostTest, AModesLoadCountsOnlyItsOwnSequences) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  // Three AR sequences and one spec sequence decoding in the same batches.
+  std::vector<std::pair<std::string, std::shared_ptr<Sink>>> runs;
+  for (const char* mode : {"ar", "ar", "ar", "spec"}) {
+    runs.emplace_back(mode, std::make_shared<Sink>());
+    SequenceRequest request;
+    request.prompt_ids = (*prompts_)[runs.size() - 1];
+    request.mode = mode;
+    request.max_tokens = 24;
+    ASSERT_TRUE(engine->Submit(request, runs.back().second).ok());
+  }
+  for (const auto& [mode, sink] : runs) {
+    ASSERT_TRUE(sink->Wait()) << mode;
+    EXPECT_TRUE(sink->error().ok()) << sink->error();
+  }
+  const CostModel cost = engine->Load().cost;
+  ASSERT_TRUE(cost.modes.count("ar"));
+  ASSERT_TRUE(cost.modes.count("spec"));
+  // The steps held up to four sequences, but AR's load is its own three at most and spec's its
+  // one: the other mode's sequences in the batch are not part of a mode's load.
+  for (const ModeLoadPoint& point : cost.modes.at("ar")) {
+    EXPECT_LE(point.sequences, 3.0);
+  }
+  for (const ModeLoadPoint& point : cost.modes.at("spec")) {
+    EXPECT_DOUBLE_EQ(point.sequences, 1.0);
+  }
 }
 
 }  // namespace
