@@ -49,6 +49,11 @@ struct Totals {
   int exact_sequences = 0;  // prompts whose tokens equal AR's
   int equal_tokens = 0;     // positions i where token i equals AR's token i
   int compared_tokens = 0;  // sum of max(len, AR len)
+  // The same against the target's `diffusion` decode (its block-diffusion pathway), when the
+  // target has one: the reference of the lossy modes that approximate it (simsd).
+  int exact_diffusion_sequences = 0;
+  int equal_diffusion_tokens = 0;
+  int compared_diffusion_tokens = 0;
   bool lossless = true;
 };
 
@@ -76,6 +81,13 @@ std::vector<Variant> AllVariants() {
         Variant v{mode, absl::StrCat("spec gamma=", gamma), ModeOptions{}, {}};
         v.options.spec_gamma = gamma;
         v.options_json = {{"spec_gamma", gamma}};
+        variants.push_back(std::move(v));
+      }
+    } else if (mode == "simsd") {
+      for (int gamma : {2, 4}) {
+        Variant v{mode, absl::StrCat("simsd gamma=", gamma), ModeOptions{}, {}};
+        v.options.simsd_gamma = gamma;
+        v.options_json = {{"simsd_gamma", gamma}};
         variants.push_back(std::move(v));
       }
     } else if (mode == "self_spec") {
@@ -117,7 +129,8 @@ std::vector<Variant> AllVariants() {
   return variants;
 }
 
-void Add(const GenerateResult& r, const std::vector<int32_t>& ar_tokens, Totals* t) {
+void Add(const GenerateResult& r, const std::vector<int32_t>& ar_tokens,
+         const std::vector<int32_t>* diffusion_tokens, Totals* t) {
   const int n = static_cast<int>(r.tokens.size());
   const int ar_n = static_cast<int>(ar_tokens.size());
   ++t->prompts;
@@ -132,6 +145,18 @@ void Add(const GenerateResult& r, const std::vector<int32_t>& ar_tokens, Totals*
   if (r.tokens == ar_tokens) ++t->exact_sequences;
   for (int i = 0; i < std::min(n, ar_n); ++i) t->equal_tokens += r.tokens[i] == ar_tokens[i];
   t->compared_tokens += std::max(n, ar_n);
+  if (diffusion_tokens != nullptr) {
+    const std::vector<int32_t>& d = *diffusion_tokens;
+    const int d_n = static_cast<int>(d.size());
+    if (r.tokens == d) ++t->exact_diffusion_sequences;
+    for (int i = 0; i < std::min(n, d_n); ++i) t->equal_diffusion_tokens += r.tokens[i] == d[i];
+    t->compared_diffusion_tokens += std::max(n, d_n);
+  }
+}
+
+// A fraction as JSON, null when nothing was compared.
+nlohmann::json Fraction(int part, int whole) {
+  return whole > 0 ? nlohmann::json(static_cast<double>(part) / whole) : nlohmann::json(nullptr);
 }
 
 std::optional<double> AcceptanceLength(const Totals& t) {
@@ -162,6 +187,10 @@ nlohmann::json RowJson(const Variant& v, const std::string& category, const Tota
        t.prompts > 0 ? static_cast<double>(t.exact_sequences) / t.prompts : 0.0},
       {"exact_match_tokens",
        t.compared_tokens > 0 ? static_cast<double>(t.equal_tokens) / t.compared_tokens : 0.0},
+      {"exact_match_sequences_vs_diffusion",
+       Fraction(t.exact_diffusion_sequences, t.compared_diffusion_tokens > 0 ? t.prompts : 0)},
+      {"exact_match_tokens_vs_diffusion",
+       Fraction(t.equal_diffusion_tokens, t.compared_diffusion_tokens)},
   };
 }
 
@@ -177,6 +206,8 @@ constexpr const char* kDefinitions[] = {
     "extends cost the CPU nearly proportionally more, unlike a GPU.",
     "seq=AR: fraction of prompts whose tokens equal AR greedy's exactly; tok=AR: positions whose "
     "token equals AR's at the same index / sum of max(len, AR len).",
+    "seq=diff, tok=diff: the same against the target's own `diffusion` decode (default "
+    "options); '-' when the target has no diffusion pathway.",
 };
 
 }  // namespace
@@ -225,6 +256,24 @@ int RunBenchModes(const BenchModesArgs& args) {
     std::fprintf(stderr, "bench modes: %s\n", target.status().ToString().c_str());
     return 1;
   }
+  if (!args.lora_dir.empty()) {
+    if (absl::Status attached = AttachLoraAdapter(*target, args.lora_dir); !attached.ok()) {
+      std::fprintf(stderr, "bench modes: --lora: %s\n", attached.ToString().c_str());
+      return 1;
+    }
+    // Each drafting variant with and without the adapter, side by side.
+    std::vector<Variant> with_lora;
+    for (const Variant& v : variants) {
+      with_lora.push_back(v);
+      if (v.mode != "isd" && v.mode != "self_spec") continue;
+      Variant lora = v;
+      lora.label += " +lora";
+      lora.options.lora_drafts = true;
+      lora.options_json["lora_drafts"] = true;
+      with_lora.push_back(std::move(lora));
+    }
+    variants = std::move(with_lora);
+  }
   const std::string drafter_dir =
       args.drafter_dir.empty() ? DefaultDrafterDir(args.model_dir) : args.drafter_dir;
   const bool self_drafting = drafter_dir == args.model_dir;
@@ -262,6 +311,20 @@ int RunBenchModes(const BenchModesArgs& args) {
     }
     reference.push_back(*std::move(r));
   }
+  // The target's block-diffusion decode, when it has that pathway (InvalidArgument: it has not).
+  const Variant diffusion{"diffusion", "diffusion", ModeOptions{}, nlohmann::json::object()};
+  std::vector<GenerateResult> diffusion_reference;
+  for (const Prompt& p : *prompts) {
+    auto r = generate(diffusion, p);
+    if (!r.ok() && absl::IsInvalidArgument(r.status())) break;
+    if (!r.ok()) {
+      std::fprintf(stderr, "bench modes: diffusion on %s: %s\n", p.source.c_str(),
+                   r.status().ToString().c_str());
+      return 1;
+    }
+    diffusion_reference.push_back(*std::move(r));
+  }
+  const bool has_diffusion = diffusion_reference.size() == prompts->size();
 
   std::vector<std::string> categories;
   for (const Prompt& p : *prompts) {
@@ -289,7 +352,8 @@ int RunBenchModes(const BenchModesArgs& args) {
                      r.status().ToString().c_str());
         return 1;
       }
-      Add(*r, reference[i].tokens, &totals[p.category]);
+      Add(*r, reference[i].tokens, has_diffusion ? &diffusion_reference[i].tokens : nullptr,
+          &totals[p.category]);
     }
     if (!skip_reason.empty()) {
       skipped.push_back({{"variant", v.label}, {"reason", skip_reason}});
@@ -305,6 +369,7 @@ int RunBenchModes(const BenchModesArgs& args) {
     const nlohmann::json j = {
         {"model", args.model_dir},
         {"drafter", drafter_dir},
+        {"lora", args.lora_dir},
         {"drafter_is_target", self_drafting},
         {"prompts_file", prompts_path},
         {"prompts_per_category", per_category},
@@ -335,18 +400,28 @@ int RunBenchModes(const BenchModesArgs& args) {
   }
   for (const std::string& c : categories) {
     std::printf("\n[%s]\n", c.c_str());
-    std::printf("%-22s %-8s %6s %8s %9s %8s %8s %12s %7s %7s\n", "mode", "lossless", "TPF",
-                "acc.len", "forwards", "drafter", "tokens", "tok/s (CPU)", "seq=AR", "tok=AR");
+    std::printf("%-22s %-8s %6s %8s %9s %8s %8s %12s %7s %7s %8s %8s\n", "mode", "lossless", "TPF",
+                "acc.len", "forwards", "drafter", "tokens", "tok/s (CPU)", "seq=AR", "tok=AR",
+                "seq=diff", "tok=diff");
     for (const auto& [v, totals] : results) {
       const Totals& t = totals.at(c);
       const std::optional<double> accept = AcceptanceLength(t);
       const std::string accept_text = accept ? absl::StrFormat("%.2f", *accept) : "-";
-      std::printf("%-22s %-8s %6.2f %8s %9d %8d %8d %12.1f %7.2f %7.2f\n", v->label.c_str(),
+      const bool vs_diffusion = t.compared_diffusion_tokens > 0;
+      const std::string seq_diffusion =
+          vs_diffusion ? absl::StrFormat("%.2f", 1.0 * t.exact_diffusion_sequences / t.prompts)
+                       : "-";
+      const std::string tok_diffusion =
+          vs_diffusion ? absl::StrFormat(
+                             "%.2f", 1.0 * t.equal_diffusion_tokens / t.compared_diffusion_tokens)
+                       : "-";
+      std::printf("%-22s %-8s %6.2f %8s %9d %8d %8d %12.1f %7.2f %7.2f %8s %8s\n", v->label.c_str(),
                   t.lossless ? "yes" : "NO", t.forwards > 0 ? 1.0 * t.tokens / t.forwards : 0.0,
                   accept_text.c_str(), t.forwards, t.drafter_forwards, t.tokens,
                   t.seconds > 0 ? t.tokens / t.seconds : 0.0,
                   t.prompts > 0 ? 1.0 * t.exact_sequences / t.prompts : 0.0,
-                  t.compared_tokens > 0 ? 1.0 * t.equal_tokens / t.compared_tokens : 0.0);
+                  t.compared_tokens > 0 ? 1.0 * t.equal_tokens / t.compared_tokens : 0.0,
+                  seq_diffusion.c_str(), tok_diffusion.c_str());
     }
   }
   if (!skipped.empty()) std::printf("\n");

@@ -10,7 +10,9 @@ namespace tandem::cli {
 
 struct BenchModesArgs {
   std::string model_dir = "models/tandem-target";
-  std::string drafter_dir;   // spec's drafter; empty = DefaultDrafterDir(model_dir)
+  std::string drafter_dir;  // spec's drafter; empty = DefaultDrafterDir(model_dir)
+  // LoRA adapter on the model: every isd / self_spec variant also runs with it (" +lora").
+  std::string lora_dir;
   std::string prompts_file;  // empty = <model_dir>/fixtures/bench_prompts.json
   // Mode names or variant labels ("jacobi", "spec gamma=2"); empty = all.
   std::vector<std::string> modes;

@@ -14,6 +14,7 @@
 #include "services/common/server.h"
 #include "tandem/v1/generate.grpc.pb.h"
 #include "worker/engine/local_generator.h"
+#include "worker/model/dflash.h"
 
 namespace tandem::cli {
 
@@ -26,6 +27,7 @@ struct GenerateArgs {
   bool seed_set = false;
   std::string model_dir;
   std::string drafter_dir;  // spec: the drafter model; may equal model_dir
+  std::string lora_dir;     // isd, self_spec: LoRA adapter on the draft positions
   std::string prompt;
   std::string mode = "ar";
   ModeOptions mode_options;
@@ -48,15 +50,38 @@ int RunGenerate(const GenerateArgs& args) {
     std::fprintf(stderr, "tandem generate: %s\n", loaded.status().ToString().c_str());
     return 1;
   }
+  if (!args.lora_dir.empty()) {
+    if (absl::Status attached = AttachLoraAdapter(*loaded, args.lora_dir); !attached.ok()) {
+      std::fprintf(stderr, "tandem generate: --lora: %s\n", attached.ToString().c_str());
+      return 1;
+    }
+  }
   GenerateOptions options;
-  // spec without --drafter drafts with DefaultDrafterDir (the bundled tandem-drafter next to
-  // the target). Drafting with the target itself shares its weights (the drafter keeps its own
-  // KV cache).
-  const std::string drafter_dir = args.drafter_dir.empty() && args.mode == "spec"
-                                      ? DefaultDrafterDir(args.model_dir)
-                                      : args.drafter_dir;
+  // spec and simsd without --drafter draft with DefaultDrafterDir (the bundled tandem-drafter
+  // next to the target). Drafting with the target itself shares its weights (the drafter keeps
+  // its own KV cache).
+  const std::string drafter_dir =
+      args.drafter_dir.empty() && (args.mode == "spec" || args.mode == "simsd")
+          ? DefaultDrafterDir(args.model_dir)
+          : args.drafter_dir;
   absl::StatusOr<LoadedModel> drafter;
-  if (!drafter_dir.empty() && drafter_dir != args.model_dir) {
+  std::unique_ptr<DFlashModel> dflash;
+  if (!drafter_dir.empty() && IsDFlashCheckpoint(drafter_dir)) {
+    // A DFlash drafter drafts from the target's hidden states, with its embeddings and head.
+    if (args.mode == "simsd") {
+      std::fprintf(stderr, "tandem generate: a DFlash drafter (%s) works with --mode spec only\n",
+                   drafter_dir.c_str());
+      return 1;
+    }
+    absl::StatusOr<std::unique_ptr<DFlashModel>> made =
+        DFlashModel::Load(drafter_dir, loaded->model.get());
+    if (!made.ok()) {
+      std::fprintf(stderr, "tandem generate: drafter: %s\n", made.status().ToString().c_str());
+      return 1;
+    }
+    dflash = std::move(*made);
+    options.dflash_drafter = dflash.get();
+  } else if (!drafter_dir.empty() && drafter_dir != args.model_dir) {
     drafter = LoadModelDir(drafter_dir);
     if (!drafter.ok()) {
       std::fprintf(stderr, "tandem generate: drafter: %s\n", drafter.status().ToString().c_str());
@@ -293,9 +318,20 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "isd: relaxed acceptance min(1, (1 + tau) p / q); 0 = lossless, > 0 is lossy "
                   "when sampling")
       ->capture_default_str();
-  cmd->add_option("--drafter", args->drafter_dir,
-                  "spec: drafter model directory (same tokenizer; may be the --model directory); "
-                  "default: tandem-drafter next to the model when present, else the model");
+  cmd->add_option("--simsd-gamma", args->mode_options.simsd_gamma,
+                  "simsd: drafts verified per step, at most the block size; 0 = the block size")
+      ->capture_default_str();
+  cmd->add_option("--lora", args->lora_dir,
+                  "isd, self_spec: PEFT LoRA adapter directory run on the draft (<|mask|>) "
+                  "positions only (R-ISD / NLD LoRA drafter); verification keeps the base "
+                  "weights, so decoding stays lossless")
+      ->each([args](const std::string&) { args->mode_options.lora_drafts = true; });
+  cmd->add_option(
+      "--drafter", args->drafter_dir,
+      "spec, simsd: drafter model directory (same tokenizer; may be the --model directory); "
+      "a DFlash drafter checkpoint (architectures TandemDFlashDrafter) drafts blocks from the "
+      "target's hidden states (spec only); "
+      "default: tandem-drafter next to the model when present, else the model");
   cmd->add_option("--gamma", args->mode_options.spec_gamma,
                   "spec: draft tokens verified per step; 0 = AR steps")
       ->capture_default_str();
@@ -315,7 +351,11 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->callback([args, exit_code, mode, seed] {
     args->mode_set = mode->count() > 0;
     args->seed_set = seed->count() > 0;
-    if (!args->server.empty()) {
+    if (!args->server.empty() && !args->lora_dir.empty()) {
+      std::fprintf(stderr,
+                   "tandem generate: --lora is in-process only (give the verifier --lora)\n");
+      *exit_code = 2;
+    } else if (!args->server.empty()) {
       *exit_code = RunRemoteGenerate(*args);
     } else if (args->model_dir.empty()) {
       std::fprintf(stderr, "tandem generate: give --model DIR (in-process) or --server ADDR\n");

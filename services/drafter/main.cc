@@ -1,5 +1,5 @@
 // `tandem-drafter`: serves the Drafter API (proto/tandem/v1/drafter.proto) over an AR draft
-// model: greedy draft chains for the sessions of every verifier that connects.
+// model or a DFlash block drafter: draft chains for the sessions of every verifier that connects.
 #include <omp.h>
 
 #include <chrono>
@@ -17,6 +17,7 @@
 #include "services/common/server.h"
 #include "services/drafter/drafter_service.h"
 #include "worker/engine/draft_engine.h"
+#include "worker/model/dflash.h"
 #include "worker/model/transformer.h"
 
 namespace {
@@ -28,16 +29,39 @@ std::string ModelId(const std::string& dir) {
   return path.filename().string();
 }
 
-int Run(const std::string& model_dir, tandem::DraftEngineOptions engine_options, int threads,
+int Run(const std::string& model_dir, const std::string& target_dir,
+        tandem::DraftEngineOptions engine_options, int threads,
         const tandem::ServerFlags& server_flags, const tandem::MetricsFlags& metrics_flags,
         const tandem::RegistryFlags& registry_flags) {
   if (threads > 0) omp_set_num_threads(threads);
   tandem::kernels::cpu::SetBlasThreads(threads);
-  absl::StatusOr<std::unique_ptr<tandem::Transformer>> model = tandem::Transformer::Load(model_dir);
+  // A DFlash drafter runs on the target's embeddings and head: `model` is then the target.
+  const bool dflash = tandem::IsDFlashCheckpoint(model_dir);
+  if (dflash && target_dir.empty()) {
+    std::fprintf(stderr,
+                 "tandem-drafter: '%s' is a DFlash drafter; give its target with --target-model\n",
+                 model_dir.c_str());
+    return 1;
+  }
+  const std::string& weights_dir = dflash ? target_dir : model_dir;
+  absl::StatusOr<std::unique_ptr<tandem::Transformer>> model =
+      tandem::Transformer::Load(weights_dir);
   if (!model.ok()) {
-    std::fprintf(stderr, "tandem-drafter: cannot load the model in '%s': %s\n", model_dir.c_str(),
+    std::fprintf(stderr, "tandem-drafter: cannot load the model in '%s': %s\n", weights_dir.c_str(),
                  model.status().ToString().c_str());
     return 1;
+  }
+  std::unique_ptr<tandem::DFlashModel> dflash_model;
+  if (dflash) {
+    absl::StatusOr<std::unique_ptr<tandem::DFlashModel>> loaded =
+        tandem::DFlashModel::Load(model_dir, model->get());
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "tandem-drafter: cannot load the DFlash drafter in '%s': %s\n",
+                   model_dir.c_str(), loaded.status().ToString().c_str());
+      return 1;
+    }
+    dflash_model = *std::move(loaded);
+    engine_options.dflash = dflash_model.get();
   }
   // Created before the engine, which reports its steps to it, and outliving it.
   tandem::ServiceMetrics metrics(tandem::MetricsRole::kDrafter);
@@ -123,9 +147,17 @@ int main(int argc, char** argv) {
   tandem::DraftEngineOptions engine_options;
   int threads = 0;
   tandem::ServerFlags server_flags;
-  app.add_option("--model", model_dir, "Checkpoint directory of the draft model (an AR model)")
+  std::string target_dir;
+  app.add_option("--model", model_dir,
+                 "Checkpoint directory of the draft model: an AR model, or a DFlash drafter "
+                 "(architectures TandemDFlashDrafter; needs --target-model)")
       ->envname("TANDEM_DRAFTER_MODEL")
       ->required();
+  app.add_option("--target-model", target_dir,
+                 "DFlash drafters: the target's checkpoint directory (its embeddings and LM head "
+                 "are the drafter's). The drafter then asks verifiers for the hidden states of "
+                 "its dflash.target_layer_ids and drafts blocks conditioned on them")
+      ->envname("TANDEM_DRAFTER_TARGET_MODEL");
   app.add_option("--kv-tokens", engine_options.kv_tokens,
                  "KV cache capacity in tokens, all sessions together (at least the model's "
                  "context)")
@@ -142,7 +174,8 @@ int main(int argc, char** argv) {
   app.add_option("--hidden-layers", engine_options.hidden_layers,
                  "Target layers (comma-separated, e.g. 1,3) whose hidden states verifiers send "
                  "with every final token, for drafters conditioned on them (DFlash-style). The "
-                 "AR draft model ignores them: set this only to test the transport")
+                 "AR draft model ignores them: set this only to test the transport (a DFlash "
+                 "drafter sets them itself)")
       ->envname("TANDEM_DRAFTER_HIDDEN_LAYERS")
       ->delimiter(',');
   app.add_option("--threads", threads, "CPU threads (OpenMP and matrix products); 0 = all cores")
@@ -154,5 +187,6 @@ int main(int argc, char** argv) {
   tandem::RegistryFlags registry_flags;
   tandem::AddRegistryFlags(app, &registry_flags, "TANDEM_DRAFTER");
   CLI11_PARSE(app, argc, argv);
-  return Run(model_dir, engine_options, threads, server_flags, metrics_flags, registry_flags);
+  return Run(model_dir, target_dir, engine_options, threads, server_flags, metrics_flags,
+             registry_flags);
 }

@@ -28,6 +28,7 @@ namespace {
 struct Flags {
   std::string model;
   std::string drafter;
+  std::string lora;  // LoRA adapter gated on isd / self_spec draft positions
   std::string default_mode = "ar";
   int64_t kv_tokens = 65536;
   int max_batch_tokens = 1024;
@@ -56,6 +57,12 @@ int Run(const Flags& flags) {
   if (!model.ok()) {
     std::cerr << "tandem-verifier: cannot load the model: " << model.status().message() << "\n";
     return 1;
+  }
+  if (!flags.lora.empty()) {
+    if (absl::Status attached = tandem::AttachLoraAdapter(*model, flags.lora); !attached.ok()) {
+      std::cerr << "tandem-verifier: --lora: " << attached.message() << "\n";
+      return 1;
+    }
   }
   tandem::kernels::cpu::SetBlasThreads(flags.threads);
   // Created before the engine, which reports to it, and outliving it.
@@ -110,6 +117,7 @@ int Run(const Flags& flags) {
   }
   tandem::ModeOptions mode_defaults;
   mode_defaults.spec_gamma = flags.spec_gamma;
+  mode_defaults.lora_drafts = !flags.lora.empty();
   tandem::VerifierService service(engine->get(), identity, mode_defaults, &metrics);
   metrics.SetScrapeHook([engine = engine->get()](tandem::ServiceMetrics& m) {
     const tandem::EngineLoad load = engine->Load();
@@ -194,6 +202,11 @@ int main(int argc, char** argv) {
   app.add_option("--drafter", flags.drafter,
                  "default drafter address (host:port) for spec requests that name none")
       ->envname("TANDEM_VERIFIER_DRAFTER");
+  app.add_option("--lora", flags.lora,
+                 "PEFT LoRA adapter directory that isd and self_spec run on their draft (<|mask|>) "
+                 "positions only; verification keeps the base weights (lossless)")
+      ->envname("TANDEM_VERIFIER_LORA")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--default-mode", flags.default_mode, "mode of requests that ask for 'auto'")
       ->envname("TANDEM_VERIFIER_DEFAULT_MODE")
       ->capture_default_str();

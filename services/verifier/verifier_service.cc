@@ -196,6 +196,69 @@ std::string RequestedModeLabel(const std::string& mode) {
   return "unknown";
 }
 
+// The jacobi, nsp, isd and simsd knobs of `given` over `options`; InvalidArgument naming the
+// field for a value no mode could honour (each mode checks the rest when it is created).
+absl::Status ApplyModeOptions(const v1::ModeOptions& given, ModeOptions* options) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (given.jacobi_spawn_ratio() != 0) {
+    if (!(given.jacobi_spawn_ratio() > 0 && given.jacobi_spawn_ratio() <= 1)) {
+      return bad("jacobi_spawn_ratio must be in (0, 1], got ", given.jacobi_spawn_ratio());
+    }
+    options->jacobi_spawn_ratio = given.jacobi_spawn_ratio();
+  }
+  if (given.has_jacobi_pool_size()) {
+    if (given.jacobi_pool_size() < 0) {
+      return bad("jacobi_pool_size must be >= 0 (0 = off), got ", given.jacobi_pool_size());
+    }
+    options->jacobi_pool_size = given.jacobi_pool_size();
+  }
+  if (given.jacobi_candidates() != 0) {
+    if (given.jacobi_candidates() < 0) {
+      return bad("jacobi_candidates must be >= 0, got ", given.jacobi_candidates());
+    }
+    options->jacobi_candidates = given.jacobi_candidates();
+  }
+  if (given.has_jacobi_prompt_lookup())
+    options->jacobi_prompt_lookup = given.jacobi_prompt_lookup();
+  if (given.nsp_block() != 0) {
+    if (given.nsp_block() < 0) return bad("nsp_block must be positive, got ", given.nsp_block());
+    options->nsp_block = given.nsp_block();
+  }
+  if (given.has_nsp_tau()) {
+    if (!(given.nsp_tau() >= 0 && given.nsp_tau() <= 1)) {
+      return bad("nsp_tau must be in [0, 1], got ", given.nsp_tau());
+    }
+    options->nsp_tau = given.nsp_tau();
+  }
+  if (!given.nsp_confidence().empty()) {
+    if (given.nsp_confidence() != "logit" && given.nsp_confidence() != "entropy") {
+      return bad("nsp_confidence must be 'logit' or 'entropy', got '", given.nsp_confidence(), "'");
+    }
+    options->nsp_confidence = given.nsp_confidence();
+  }
+  if (given.has_nsp_verify()) options->nsp_verify = given.nsp_verify();
+  if (given.isd_stride() != 0) {
+    if (given.isd_stride() < 2) return bad("isd_stride must be >= 2, got ", given.isd_stride());
+    options->isd_stride = given.isd_stride();
+  }
+  if (given.has_isd_tau()) {
+    if (!(given.isd_tau() >= 0)) {
+      return bad("isd_tau must be >= 0 (0 = lossless), got ", given.isd_tau());
+    }
+    options->isd_tau = given.isd_tau();
+  }
+  if (given.has_isd_argmax_proposals()) {
+    options->isd_argmax_proposals = given.isd_argmax_proposals();
+  }
+  if (given.simsd_gamma() != 0) {
+    if (given.simsd_gamma() < 0) {
+      return bad("simsd_gamma must be positive (0 = the block size), got ", given.simsd_gamma());
+    }
+    options->simsd_gamma = given.simsd_gamma();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verify,
@@ -296,6 +359,8 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
     options.diffusion_block_size = given.diffusion_block_size();
   }
   if (given.diffusion_threshold() != 0) options.diffusion_threshold = given.diffusion_threshold();
+  absl::Status more = ApplyModeOptions(given, &options);
+  if (!more.ok()) return more;
   out.mode_options = options;
   return out;
 }

@@ -43,8 +43,14 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
                                        "--listen", "127.0.0.1:0"};
   std::vector<std::string> router = {BinaryPath("router", "tandem-router"), "--listen",
                                      "127.0.0.1:0"};
-  std::vector<std::string> drafter = {BinaryPath("drafter", "tandem-drafter"), "--model", model,
-                                      "--listen", "127.0.0.1:0"};
+  std::vector<std::string> drafter = {BinaryPath("drafter", "tandem-drafter"), "--listen",
+                                      "127.0.0.1:0"};
+  if (options.drafter_model_flags.empty()) {
+    drafter.insert(drafter.end(), {"--model", model});
+  } else {
+    drafter.insert(drafter.end(), options.drafter_model_flags.begin(),
+                   options.drafter_model_flags.end());
+  }
   if (options.metrics) {
     for (auto* argv : {&verifier, &router, &drafter}) {
       argv->insert(argv->end(), {"--metrics-listen", "127.0.0.1:0"});

@@ -7,16 +7,19 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "services/cli/child_process.h"
+#include "tandem/v1/verifier.grpc.pb.h"
 #include "worker/decoding/modes.h"
 #include "worker/engine/local_generator.h"
 
@@ -44,13 +47,15 @@ class Reference {
 
   // Greedy completion tokens of `prompt` in `mode`.
   absl::StatusOr<GenerateResult> Generate(const std::string& prompt, const std::string& mode,
-                                          int max_tokens) {
+                                          int max_tokens, const ModeOptions& mode_options = {}) {
     if (!model_.ok()) return model_.status();
     LocalGenerator generator(&*model_);
     GenerateOptions options;
     options.mode = mode;
     options.max_tokens = max_tokens;
-    if (mode == "spec") options.drafter = &*model_;
+    options.mode_options = mode_options;
+    // The cluster's drafter serves the target model itself; simsd's output depends on it.
+    if (mode == "spec" || mode == "simsd") options.drafter = &*model_;
     return generator.Generate(prompt, options);
   }
 
@@ -99,6 +104,92 @@ TEST_F(ClusterTest, GreedyOutputEqualsInProcessInEveryMode) {
       EXPECT_EQ(got.last.mode(), mode);
       EXPECT_EQ(got.last.usage().completion_tokens(), static_cast<int>(got.tokens.size()));
     }
+  }
+}
+
+// Mode options the verifier API carries are honoured: each request equals the in-process
+// generator given the same options, and differs from the mode's defaults where they matter.
+TEST_F(ClusterTest, VerifierHonoursNspIsdAndSimsdOptions) {
+  auto channel =
+      grpc::CreateChannel(cluster_->verifier_address(), grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::Verifier::Stub> verifier = v1::Verifier::NewStub(channel);
+  struct Case {
+    std::string mode;
+    v1::ModeOptions wire;
+    ModeOptions local;
+  };
+  std::vector<Case> cases(4);
+  cases[0].mode = "nsp";
+  cases[0].wire.set_nsp_tau(0.5f);
+  cases[0].local.nsp_tau = 0.5f;
+  cases[1].mode = "nsp";
+  cases[1].wire.set_nsp_confidence("entropy");
+  cases[1].wire.set_nsp_block(4);
+  cases[1].local.nsp_confidence = "entropy";
+  cases[1].local.nsp_block = 4;
+  cases[2].mode = "isd";
+  cases[2].wire.set_isd_stride(3);
+  cases[2].local.isd_stride = 3;
+  // simsd through the drafter service equals the in-process decode at γ = the block size (8);
+  // with γ < B mid-block drafts depend on the drafter's chains (docs/MODES.md).
+  cases[3].mode = "simsd";
+  cases[3].wire.set_simsd_gamma(8);
+  cases[3].local.simsd_gamma = 8;
+  for (const Case& c : cases) {
+    for (const std::string& prompt : kPrompts) {
+      SCOPED_TRACE("mode " + c.mode + " " + c.wire.ShortDebugString() + ", prompt '" + prompt +
+                   "'");
+      auto expected = Reference::Get().Generate(prompt, c.mode, 48, c.local);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      v1::VerifyRequest request;
+      *request.mutable_request() = Greedy(prompt, c.mode, 48);
+      *request.mutable_mode_options() = c.wire;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+      std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+          verifier->Generate(&context, request);
+      std::vector<int32_t> tokens;
+      v1::GenerateResponse message;
+      v1::GenerateResponse last;
+      while (reader->Read(&message)) {
+        tokens.insert(tokens.end(), message.token_ids().begin(), message.token_ids().end());
+        last = message;
+      }
+      const grpc::Status status = reader->Finish();
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      EXPECT_EQ(tokens, expected->tokens);
+      EXPECT_EQ(last.mode(), c.mode);
+      EXPECT_EQ(last.lossy(), !expected->lossless);
+    }
+  }
+  // nsp at tau 0.5 is not nsp at its default 0.9 on every prompt: the option changed the decode.
+  bool differs = false;
+  for (const std::string& prompt : kPrompts) {
+    auto at_default = Reference::Get().Generate(prompt, "nsp", 48);
+    auto at_half = Reference::Get().Generate(prompt, "nsp", 48, cases[0].local);
+    ASSERT_TRUE(at_default.ok() && at_half.ok());
+    differs = differs || at_default->tokens != at_half->tokens ||
+              at_default->forwards != at_half->forwards;
+  }
+  EXPECT_TRUE(differs);
+
+  // A bad value is INVALID_ARGUMENT naming the field: refused by the conversion (nsp_tau) or
+  // by the mode the option reached (simsd_gamma above the block size).
+  for (const auto& [mode, field] : std::vector<std::pair<std::string, std::string>>{
+           {"nsp", "nsp_tau"}, {"simsd", "simsd_gamma"}}) {
+    v1::VerifyRequest bad;
+    *bad.mutable_request() = Greedy("def f(", mode, 8);
+    if (mode == "nsp") bad.mutable_mode_options()->set_nsp_tau(2.0f);
+    if (mode == "simsd") bad.mutable_mode_options()->set_simsd_gamma(9);
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+        verifier->Generate(&context, bad);
+    v1::GenerateResponse message;
+    while (reader->Read(&message)) {
+    }
+    const grpc::Status status = reader->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_NE(status.error_message().find(field), std::string::npos) << status.error_message();
   }
 }
 

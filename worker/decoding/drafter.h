@@ -32,6 +32,22 @@ class Drafter {
   virtual absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t> tokens,
                                                      int gamma) = 0;
   virtual const DrafterStats& stats() const = 0;
+
+  // Drafters conditioned on the target's hidden states (DFlash-style) name the target layers
+  // they need (extend hidden-state taps); the verifier then taps them on every forward. Empty:
+  // the drafter sees tokens only.
+  virtual std::vector<int32_t> HiddenLayers() const { return {}; }
+  // The target's hidden states of sequence tokens [start, start + tokens.size()), computed from
+  // final KV only (the extend saw nothing but final tokens before them). `hidden`:
+  // [HiddenLayers().size(), tokens.size(), hidden_size]. Rows arrive in order; an error means
+  // the drafter dropped them (its next drafts may be fewer), never a failed sequence.
+  virtual absl::Status AddHidden(int start, std::span<const int32_t> tokens,
+                                 std::span<const float> hidden) {
+    (void)start;
+    (void)tokens;
+    (void)hidden;
+    return absl::OkStatus();
+  }
 };
 
 // An AR model in this process drafting with its own KV cache and one sequence. The cache

@@ -70,6 +70,10 @@ StepPlan IsdMode::Plan(const DecodeState& state) {
   }
   plan.visible = Visibility::Causal();
   const int pending = state.pending();
+  if (options_.lora_masks && masks > 0) {
+    plan.lora_gate.assign(plan.tokens.size(), 0);
+    std::fill(plan.lora_gate.end() - masks, plan.lora_gate.end(), 1);
+  }
   for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
     plan.outputs.push_back(i);
   }

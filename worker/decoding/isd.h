@@ -68,6 +68,11 @@ struct IsdOptions {
   float tau = 0.0f;              // relaxation; 0 = exact p/q
   int32_t mask_token = 0;        // the checkpoint's <|mask|> id
   bool argmax_proposals = true;  // drafts are argmax q (point mass) rather than draws from q
+  // R-ISD (I-DLM §3.2, Appendix G): the model's LoRA adapter runs on the <|mask|> rows only.
+  // The pending token and the drafts under introspection keep the base weights, and under
+  // strict causality they never attend to a mask, so the anchors p (and the KV kept) are the
+  // base model's bit for bit: decoding stays lossless, the adapter only changes proposals.
+  bool lora_masks = false;
   // The sampling-mode acceptance rule; tests substitute a broken one to show that the
   // distribution tests can fail. Greedy requests do not call it.
   IsdVerifier verifier = &VerifyProposal;

@@ -4,12 +4,14 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/decoding/ar.h"
+#include "worker/decoding/dflash_drafter.h"
 #include "worker/decoding/diffusion.h"
 #include "worker/decoding/isd.h"
 #include "worker/decoding/jacobi.h"
 #include "worker/decoding/nsp.h"
 #include "worker/decoding/self_spec.h"
 #include "worker/decoding/self_spec_quadratic.h"
+#include "worker/decoding/simsd.h"
 #include "worker/decoding/spec.h"
 #include "worker/model/transformer.h"
 
@@ -36,10 +38,35 @@ absl::Status CheckDiffusionPathway(std::string_view mode, const ModelConfig& con
   return absl::OkStatus();
 }
 
+// KV capacity of an in-process drafter: its cache follows one sequence of the target, so the
+// smaller of the two contexts bounds it.
+int DrafterCapacity(const ModelConfig& target, const ModelConfig& drafter) {
+  int capacity = target.max_position_embeddings;
+  if (capacity <= 0 ||
+      (drafter.max_position_embeddings > 0 && drafter.max_position_embeddings < capacity)) {
+    capacity = drafter.max_position_embeddings;
+  }
+  return capacity > 0 ? capacity : kDefaultDrafterCapacity;
+}
+
 }  // namespace
 
+absl::StatusOr<SimSdOptions> MakeSimSdOptions(const ModeOptions& options,
+                                              const ModelConfig& config) {
+  TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway("simsd", config, options.diffusion_block_size));
+  SimSdOptions simsd{.block_size = options.diffusion_block_size > 0 ? options.diffusion_block_size
+                                                                    : config.diffusion.block_size,
+                     .mask_token = *config.diffusion.mask_token_id,
+                     .threshold = options.diffusion_threshold,
+                     .eos_tokens = {config.eos_token_ids.begin(), config.eos_token_ids.end()}};
+  simsd.gamma = options.simsd_gamma > 0 ? options.simsd_gamma : simsd.block_size;
+  TANDEM_RETURN_IF_ERROR(ValidateSimSdOptions(simsd, config.vocab_size));
+  return simsd;
+}
+
 std::vector<std::string> ImplementedModes() {
-  return {"ar", "jacobi", "spec", "self_spec", "self_spec_quadratic", "diffusion", "nsp", "isd"};
+  return {"ar",        "jacobi", "spec", "simsd", "self_spec", "self_spec_quadratic",
+          "diffusion", "nsp",    "isd"};
 }
 
 absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
@@ -60,6 +87,21 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
     TANDEM_RETURN_IF_ERROR(ValidateJacobiOptions(jacobi));
     return std::make_unique<JacobiMode>(jacobi, config.vocab_size, config.max_position_embeddings);
   }
+  if (name == "spec" && options.spec_dflash != nullptr) {
+    if (options.spec_gamma < 0 || options.spec_gamma > kMaxSpecGamma) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec_gamma must be in [0, ", kMaxSpecGamma, "], got ", options.spec_gamma));
+    }
+    const ModelConfig& target = options.spec_dflash->target().config();
+    if (target.vocab_size != config.vocab_size || target.hidden_size != config.hidden_size ||
+        target.num_layers != config.num_layers) {
+      return absl::InvalidArgumentError(
+          "spec: the DFlash drafter was loaded for a different target model");
+    }
+    return std::make_unique<SpecMode>(options.spec_gamma,
+                                      std::make_unique<DFlashDrafter>(options.spec_dflash),
+                                      config.vocab_size, config.max_position_embeddings);
+  }
   if (name == "spec") {
     if (options.spec_drafter == nullptr) {
       return absl::InvalidArgumentError("spec needs a drafter model (tandem generate --drafter)");
@@ -74,23 +116,35 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
           absl::StrCat("spec drafter has a vocabulary of ", drafter.vocab_size,
                        " tokens; the target's has ", config.vocab_size, " (they must match)"));
     }
-    // The drafter's cache follows one sequence of the target: the target's context bounds it.
-    int capacity = config.max_position_embeddings;
-    if (capacity <= 0 ||
-        (drafter.max_position_embeddings > 0 && drafter.max_position_embeddings < capacity)) {
-      capacity = drafter.max_position_embeddings;
+    return std::make_unique<SpecMode>(options.spec_gamma,
+                                      std::make_unique<InProcessArDrafter>(
+                                          options.spec_drafter, DrafterCapacity(config, drafter)),
+                                      config.vocab_size, config.max_position_embeddings);
+  }
+  if (name == "simsd") {
+    TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway(name, config, options.diffusion_block_size));
+    if (options.spec_drafter == nullptr) {
+      return absl::InvalidArgumentError("simsd needs a drafter model (tandem generate --drafter)");
     }
-    if (capacity <= 0) capacity = kDefaultDrafterCapacity;
-    return std::make_unique<SpecMode>(
-        options.spec_gamma, std::make_unique<InProcessArDrafter>(options.spec_drafter, capacity),
-        config.vocab_size, config.max_position_embeddings);
+    const ModelConfig& drafter = options.spec_drafter->config();
+    if (drafter.vocab_size != config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("simsd drafter has a vocabulary of ", drafter.vocab_size,
+                       " tokens; the target's has ", config.vocab_size, " (they must match)"));
+    }
+    TANDEM_ASSIGN_OR_RETURN(SimSdOptions simsd, MakeSimSdOptions(options, config));
+    return std::make_unique<SimSdMode>(std::move(simsd),
+                                       std::make_unique<InProcessArDrafter>(
+                                           options.spec_drafter, DrafterCapacity(config, drafter)),
+                                       config.vocab_size, config.max_position_embeddings);
   }
   if (name == "self_spec") {
     TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway(name, config, options.self_spec_draft_len));
     const SelfSpecOptions self_spec{.draft_len = options.self_spec_draft_len > 0
                                                      ? options.self_spec_draft_len
                                                      : config.diffusion.block_size,
-                                    .mask_token = *config.diffusion.mask_token_id};
+                                    .mask_token = *config.diffusion.mask_token_id,
+                                    .lora_masks = options.lora_drafts};
     TANDEM_RETURN_IF_ERROR(ValidateSelfSpecOptions(self_spec, config.vocab_size));
     return std::make_unique<SelfSpecMode>(self_spec, config.vocab_size,
                                           config.max_position_embeddings);
@@ -145,7 +199,8 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
     const IsdOptions isd{.stride = options.isd_stride,
                          .tau = options.isd_tau,
                          .mask_token = *config.diffusion.mask_token_id,
-                         .argmax_proposals = options.isd_argmax_proposals};
+                         .argmax_proposals = options.isd_argmax_proposals,
+                         .lora_masks = options.lora_drafts};
     TANDEM_RETURN_IF_ERROR(ValidateIsdOptions(isd, config.vocab_size));
     return std::make_unique<IsdMode>(isd, config.vocab_size, config.max_position_embeddings);
   }

@@ -8,10 +8,12 @@
 
 #include "absl/status/statusor.h"
 #include "worker/decoding/decoding_mode.h"
+#include "worker/decoding/simsd.h"
 #include "worker/model/checkpoint/model_config.h"
 
 namespace tandem {
 
+class DFlashModel;
 class Transformer;
 
 // Knobs of every mode; each mode reads its own and ignores the rest.
@@ -34,17 +36,32 @@ struct ModeOptions {
   std::string nsp_confidence = "logit";  // "logit" (eq. 8) or "entropy" (eq. 9)
   bool nsp_verify = false;               // self-speculative AR verification: lossless
   int spec_gamma = 4;                    // spec: draft tokens verified per step (0 = AR steps)
+  // simsd (SimSD on a block-diffusion target) reads diffusion_block_size for its block and
+  // diffusion_threshold for the steps that complete a block, and drafts with spec_drafter.
+  int simsd_gamma = 0;  // γ: drafts verified per step; 0 = the block size (the paper's choice)
   // isd (I-DLM introspective strided decoding) needs a <|mask|> token.
   int isd_stride = 4;                // N: tokens proposed per step (1 exact + N - 1 drafts)
   float isd_tau = 0.0f;              // relaxed acceptance (1 + tau) p / q; 0 = lossless
   bool isd_argmax_proposals = true;  // drafts = argmax q (I-DLM's choice) or draws from q
+  // isd (R-ISD) and self_spec (NLD's LoRA drafter): gate the model's LoRA adapter
+  // (Transformer::SetLoraAdapter) on the <|mask|> draft rows only; verification keeps the base
+  // weights, so both stay lossless. The model must have an adapter (its forward fails if not).
+  bool lora_drafts = false;
   // spec: the drafter model (same vocabulary as the target; may be the target itself). Not
   // owned; must outlive the mode, which drafts with a KV cache of its own.
   Transformer* spec_drafter = nullptr;
+  // spec: a DFlash drafter conditioned on the target's hidden states, used instead of
+  // spec_drafter when set. Not owned; must outlive the mode.
+  const DFlashModel* spec_dflash = nullptr;
 };
 
 // Names of the modes this build implements, in the order `tandem --help` lists them.
 std::vector<std::string> ImplementedModes();
+
+// The `simsd` options for a target (its block size and <|mask|>, γ resolved); InvalidArgument
+// when the target has no diffusion pathway or the options are out of range.
+absl::StatusOr<SimSdOptions> MakeSimSdOptions(const ModeOptions& options,
+                                              const ModelConfig& config);
 
 // InvalidArgument for an unknown mode or options/sampling the mode cannot honour.
 absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,

@@ -50,6 +50,10 @@ StepPlan SelfSpecMode::PlanDraft(const DecodeState& state) {
   for (int i = pending; i < n; ++i) {
     for (int j = 0; j < n; ++j) plan.visible.Allow(i, j);
   }
+  if (options_.lora_masks && masks > 0) {
+    plan.lora_gate.assign(static_cast<size_t>(n), 0);
+    std::fill(plan.lora_gate.begin() + pending, plan.lora_gate.end(), 1);
+  }
   // Row 0: the AR prediction of position `length`; rows 1..: the drafts.
   for (int i = pending - 1; i < n; ++i) plan.outputs.push_back(i);
   return plan;

@@ -31,6 +31,10 @@ namespace tandem {
 struct SelfSpecOptions {
   int draft_len = 8;       // k: <|mask|> tokens per draft forward (NLD: the block size)
   int32_t mask_token = 0;  // the checkpoint's <|mask|> id
+  // NLD §3.3 LoRA-enhanced drafter: the model's LoRA adapter runs on the draft forward's
+  // <|mask|> rows only. The pending rows (whose KV is kept and whose AR row verifies d0) and
+  // the whole verify forward keep the base weights and never attend to a mask: lossless.
+  bool lora_masks = false;
 };
 
 absl::Status ValidateSelfSpecOptions(const SelfSpecOptions& options, int vocab_size);

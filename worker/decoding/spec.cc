@@ -22,6 +22,7 @@ StepPlan SpecMode::Plan(const DecodeState& state) {
 
   StepPlan plan;
   AppendPending(state, &plan);
+  plan.hidden_layers = drafter_->HiddenLayers();
   const int pending = static_cast<int>(plan.tokens.size());
   if (gamma > 0) {
     absl::StatusOr<std::vector<int32_t>> drafts = drafter_->Draft(state.tokens, gamma);
@@ -42,6 +43,25 @@ StepPlan SpecMode::Plan(const DecodeState& state) {
     plan.outputs.push_back(i);
   }
   return plan;
+}
+
+void SpecMode::HandOverHidden(const DecodeState& state, const StepPlan& plan,
+                              const ExtendOutput& out, int kept) {
+  // Only the kept prefix (pending tokens and accepted drafts) saw final tokens alone; the
+  // rejected drafts' rows and the new token (no row yet) never reach the drafter.
+  const size_t layers = plan.hidden_layers.size(), n = plan.tokens.size();
+  const size_t width = out.hidden.size() / (layers * n);
+  if (width == 0 || out.hidden.size() != layers * n * width) return;
+  std::vector<float> rows(layers * kept * width);
+  for (size_t l = 0; l < layers; ++l) {
+    std::copy_n(out.hidden.begin() + l * n * width, kept * width, rows.begin() + l * kept * width);
+  }
+  const std::span<const int32_t> kept_tokens(plan.tokens.data(), static_cast<size_t>(kept));
+  absl::Status added = drafter_->AddHidden(state.kv_len, kept_tokens, rows);
+  if (!added.ok()) {
+    ++stats_.drafter_failures;
+    stats_.last_drafter_error = added;
+  }
 }
 
 absl::StatusOr<StepResult> SpecMode::Consume(const DecodeState& state, const StepPlan& plan,
@@ -78,6 +98,7 @@ absl::StatusOr<StepResult> SpecMode::Consume(const DecodeState& state, const Ste
     result.append.push_back(plan.tokens[pending + i]);
   }
   result.append.push_back(next);
+  if (!plan.hidden_layers.empty()) HandOverHidden(state, plan, out, pending + accepted);
   result.drafted = gamma;
   result.accepted = accepted;
   ++stats_.steps;

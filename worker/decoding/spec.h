@@ -21,6 +21,11 @@
 // γ = 0 (or no drafts) is an AR step with AR's random keys, so it reproduces `ar` exactly even
 // when sampling. A drafter error also gives an AR step (a failed drafter never fails the
 // sequence); SpecStats counts those.
+//
+// A drafter conditioned on the target's hidden states (Drafter::HiddenLayers non-empty, e.g.
+// DFlashDrafter) gets them from the verify forward itself: the plan taps those layers, and
+// Consume hands over the rows of the kept tokens (pending and accepted drafts), whose extend
+// rows attended to final tokens only. The new token has no row until the next step.
 #pragma once
 
 #include <memory>
@@ -60,6 +65,10 @@ class SpecMode : public DecodingMode {
   const Drafter& drafter() const { return *drafter_; }
 
  private:
+  // Gives the drafter the target's hidden rows of the first `kept` plan tokens.
+  void HandOverHidden(const DecodeState& state, const StepPlan& plan, const ExtendOutput& out,
+                      int kept);
+
   int gamma_;
   std::unique_ptr<Drafter> drafter_;
   int vocab_size_;

@@ -45,6 +45,10 @@ struct DraftEngine::Session {
   int hidden_rows = 0;      // tokens whose target hidden states arrived ([0, hidden_rows))
   int hidden_size = 0;      // of those rows (0 until the first)
   bool in_batch = false;    // during Step only
+  // DFlash: context K/V of the rows so far, and whether the tokens or rows changed since the
+  // session's last block.
+  DFlashContext dflash;
+  bool dflash_due = false;
 
   int chain_len() const { return static_cast<int>(tokens.size()) - final_len; }
 };
@@ -57,7 +61,9 @@ class DraftEngine::Loop {
       : model_(model),
         published_(published),
         options_(options),
-        kv_(model->KvOptions(options.kv_tokens, options.kv_block_size)),
+        // The DFlash path keeps no AR KV: a one-block cache stands in.
+        kv_(model->KvOptions(options.dflash != nullptr ? options.kv_block_size : options.kv_tokens,
+                             options.kv_block_size)),
         vocab_(model->config().vocab_size) {
     const int context = model->config().max_position_embeddings;
     max_len_ = static_cast<int>(std::min<int64_t>(
@@ -112,7 +118,10 @@ class DraftEngine::Loop {
   using Key = std::pair<uint64_t, uint64_t>;  // (stream, session)
 
   bool CanExtend(const Session& s) const { return static_cast<int>(s.tokens.size()) < max_len_; }
-  bool NeedsWork(const Session& s) const { return CanExtend(s) && s.chain_len() < 2 * s.gamma + 1; }
+  bool NeedsWork(const Session& s) const {
+    if (options_.dflash != nullptr) return s.dflash_due;
+    return CanExtend(s) && s.chain_len() < 2 * s.gamma + 1;
+  }
 
   void Send(uint64_t stream, DraftChain chain) {
     auto it = sinks_.find(stream);
@@ -262,17 +271,37 @@ class DraftEngine::Loop {
     s.gamma = gamma;
     s.tokens = std::move(tokens);
     s.final_len = static_cast<int>(s.tokens.size());
-    RecordHidden(s, hidden);
     ++stats_.sessions_opened;
+    if (absl::Status st = RecordHidden(s, hidden); !st.ok()) {
+      Fail(stream, id, 0, st);
+      return;
+    }
+    if (options_.dflash != nullptr) {
+      s.dflash_due = true;
+      return;
+    }
     MaybeEmit(s);
   }
 
-  void RecordHidden(Session& s, const HiddenRows& hidden) {
-    if (hidden.tokens <= 0) return;
+  // Counts the rows; the DFlash path turns them into the session's context K/V.
+  absl::Status RecordHidden(Session& s, const HiddenRows& hidden) {
+    if (hidden.tokens <= 0) return absl::OkStatus();
+    if (options_.dflash != nullptr) {
+      std::vector<float> rows(hidden.bf16.size());
+      for (size_t i = 0; i < rows.size(); ++i) rows[i] = Bf16ToFloat(hidden.bf16[i]);
+      absl::Status appended = options_.dflash->AppendContext(s.dflash, rows, hidden.tokens);
+      if (!appended.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("session ", s.id, ": ", appended.message()));
+      }
+    }
     s.hidden_rows += hidden.tokens;
     s.hidden_size = hidden.hidden_size;
     stats_.hidden_rows += hidden.tokens;
+    return absl::OkStatus();
   }
+
+  // The DFlash path: one block per session whose tokens or rows changed.
+  void DFlashStep();
 
   void Advance(uint64_t stream, uint64_t id, int offset, std::span<const int32_t> append, int gamma,
                const HiddenRows& hidden) {
@@ -309,7 +338,32 @@ class DraftEngine::Loop {
       Fail(stream, id, offset, st);
       return;
     }
-    RecordHidden(s, hidden);
+    if (absl::Status st = RecordHidden(s, hidden); !st.ok()) {
+      Fail(stream, id, offset, st);
+      return;
+    }
+    if (options_.dflash != nullptr) {
+      // Final tokens only: the old chain is dropped, the next block replaces it.
+      if (gamma > 0) s.gamma = gamma;
+      s.tokens.resize(s.final_len);
+      s.tokens.insert(s.tokens.end(), append.begin(), append.end());
+      s.final_len = static_cast<int>(s.tokens.size());
+      s.sent_end = -1;
+      const int lag = s.final_len - s.dflash.length;
+      if (!append.empty() && lag > options_.dflash->config().max_anchor) {
+        // A verifier that sends rows sends those of a step's kept tokens with its tokens, so
+        // this lag is for good (the session opened before the verifier knew the layers, or
+        // after its first tokens were final): end it, its sequence decodes without waiting.
+        Fail(stream, id, offset,
+             absl::FailedPreconditionError(absl::StrCat(
+                 "session ", id, " has target hidden states for ", s.dflash.length, " of its ",
+                 s.final_len, " tokens; the DFlash drafter drafts from at most ",
+                 options_.dflash->config().max_anchor, " tokens without them")));
+        return;
+      }
+      s.dflash_due = true;
+      return;
+    }
     // Rows alone (the verifier's prefill) change nothing to draft from.
     if (append.empty() && (gamma == 0 || gamma == s.gamma)) return;
     if (gamma > 0) s.gamma = gamma;
@@ -369,7 +423,49 @@ class DraftEngine::Loop {
   DraftEngineStats stats_;
 };
 
+void DraftEngine::Loop::DFlashStep() {
+  const DFlashConfig& config = options_.dflash->config();
+  for (auto& [key, s] : sessions_) {
+    if (!s.dflash_due) continue;
+    s.dflash_due = false;
+    const int anchor = s.final_len - s.dflash.length;
+    const int room = max_len_ - s.final_len;
+    if (anchor < 1 || anchor > config.max_anchor || room <= 0) continue;
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<std::vector<int32_t>> drafts = options_.dflash->Draft(
+        s.dflash, std::span<const int32_t>(s.tokens).subspan(s.dflash.length, anchor));
+    ++stats_.forwards;
+    ++step_;
+    if (!drafts.ok()) {
+      Fail(s.stream, s.id, s.final_len,
+           absl::InternalError(absl::StrCat("DFlash block failed: ", drafts.status().message())));
+      return;  // `sessions_` changed; the rest wait for the next step
+    }
+    if (static_cast<int>(drafts->size()) > room) drafts->resize(room);
+    s.last_served = step_;
+    s.tokens.resize(s.final_len);
+    s.tokens.insert(s.tokens.end(), drafts->begin(), drafts->end());
+    stats_.drafted_tokens += static_cast<int64_t>(drafts->size());
+    stats_.fed_tokens += config.block_size;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (options_.observer != nullptr) options_.observer->OnStep(seconds, config.block_size);
+    // Starting one final token early makes the chain a replacement of the verifier's.
+    const int from = s.final_len == s.client_end ? s.final_len - 1 : s.final_len;
+    DraftChain chain{.session = s.id,
+                     .from = from,
+                     .tokens = std::vector<int32_t>(s.tokens.begin() + from, s.tokens.end())};
+    s.sent_end = static_cast<int>(s.tokens.size());
+    s.client_end = s.sent_end;
+    Send(s.stream, std::move(chain));
+  }
+}
+
 void DraftEngine::Loop::Step() {
+  if (options_.dflash != nullptr) {
+    DFlashStep();
+    return;
+  }
   std::vector<Session*> candidates;
   for (auto& [key, s] : sessions_) {
     if (NeedsWork(s)) candidates.push_back(&s);
@@ -487,7 +583,12 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(Transformer* mo
     return absl::InvalidArgumentError(
         absl::StrCat("KV block size must be >= 1, got ", options.kv_block_size));
   }
-  if (options.kv_tokens < std::max(context, 2)) {
+  if (options.dflash != nullptr) {
+    if (&options.dflash->target() != model) {
+      return absl::InvalidArgumentError("the DFlash drafter was loaded for another target model");
+    }
+    options.hidden_layers = options.dflash->config().target_layer_ids;
+  } else if (options.kv_tokens < std::max(context, 2)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the drafter's KV cache (", options.kv_tokens,
         " tokens) must hold at least one full-context session (", context, " tokens)"));

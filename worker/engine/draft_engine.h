@@ -20,8 +20,17 @@
 // advertises them), verifiers send the target's hidden states of those layers for every final
 // token of a session, lagging the tokens (proto/tandem/v1/drafter.proto, HiddenStates). The
 // engine checks their shape and order (a malformed run ends the session with an error chain)
-// and counts them; the AR draft model does not use them (a drafter conditioned on them,
-// DFlash-style, will).
+// and counts them; the AR draft model does not use them.
+//
+// DFlash: with options.dflash set the engine drafts with that block drafter instead (`model` is
+// then the target, whose embeddings and head it reuses). It asks for the DFlash model's target
+// layers; each session's rows become its context K/V as they arrive. After every Open or
+// Advance (rows alone included) a session whose tokens without rows number a in
+// [1, max_anchor] gets one block forward and its chain is that block's B - a drafts. More lag
+// gives no chain; when it persists past an Advance that brought tokens (the rows are not coming:
+// the verifier sends a step's rows with its tokens) the session ends with an error chain, so
+// that its sequence takes AR steps without waiting for drafts. There is no AR KV cache and no
+// batching across sessions in this path.
 //
 // Batching: sessions whose verifier waits for a chain go first, then the least recently
 // served, within a token budget per forward (long prefills are fed in chunks).
@@ -47,6 +56,7 @@
 #include "worker/engine/actor_mailbox.h"
 #include "worker/engine/draft_channel.h"
 #include "worker/engine/engine_observer.h"
+#include "worker/model/dflash.h"
 #include "worker/model/transformer.h"
 
 namespace tandem {
@@ -61,6 +71,9 @@ struct DraftEngineOptions {
   EngineObserver* observer = nullptr;
   // Target layers whose hidden states verifiers are asked to send (see above); empty = none.
   std::vector<int32_t> hidden_layers;
+  // A DFlash drafter loaded for `model` (see above); Create sets hidden_layers from it. Not
+  // owned; must outlive the engine.
+  const DFlashModel* dflash = nullptr;
 };
 
 // A snapshot of the engine's counters.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "worker/decoding/simsd.h"
 #include "worker/decoding/spec.h"
 #include "worker/engine/engine_impl.h"
 
@@ -33,12 +34,30 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> Engine::Impl::MakeMode(const std::
                                                                      const SequenceRequest& request,
                                                                      EngineSequence* seq) const {
   const ModelConfig& config = model_->model->config();
-  if (name != "spec") return CreateMode(name, request.mode_options, config, request.sampling);
+  if (name != "spec" && name != "simsd") {
+    return CreateMode(name, request.mode_options, config, request.sampling);
+  }
   const std::string address = request.drafter.empty() ? options_.default_drafter : request.drafter;
   if (!drafters_ || address.empty()) {
     return absl::InvalidArgumentError(
-        "mode spec needs a drafter: name one in the request or start the verifier with a "
-        "default drafter address");
+        absl::StrCat("mode ", name,
+                     " needs a drafter: name one in the request or start the verifier with a "
+                     "default drafter address"));
+  }
+  if (name == "simsd") {
+    // The drafter session drafts γ greedy tokens past the sequence (= the block start: a
+    // block's tokens join the sequence when it is finished). γ is fixed: the block layout, not
+    // the engine's cost model, decides how many drafts a step verifies.
+    TANDEM_ASSIGN_OR_RETURN(SimSdOptions simsd, MakeSimSdOptions(request.mode_options, config));
+    seq->spec = true;
+    seq->drafter_address = address;
+    seq->gamma = simsd.gamma;
+    seq->step_gamma = simsd.gamma;
+    seq->gamma_pinned = true;
+    auto drafter = std::make_unique<ChainDrafter>(&seq->chain);
+    seq->drafter = drafter.get();
+    return std::make_unique<SimSdMode>(std::move(simsd), std::move(drafter), config.vocab_size,
+                                       config.max_position_embeddings);
   }
   const int gamma = request.mode_options.spec_gamma;
   if (gamma < 0 || gamma > kMaxSpecGamma) {
@@ -290,6 +309,11 @@ void Engine::Impl::Preempt(const SeqPtr& seq) {
 
 void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
   const absl::Time start = absl::Now();
+  // Resident sequences per mode when the step starts (the cost model's load, see below).
+  std::map<std::string, int, std::less<>> residents;
+  for (const SeqPtr& seq : running_) {
+    if (seq->resident) ++residents[seq->mode_name];
+  }
   std::vector<Planned> batch;
   batch.reserve(candidates.size());
   int used = 0;
@@ -323,6 +347,10 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
                      static_cast<int>(seq->tokens.size()) < context_;
       if (seq->drafter != nullptr) seq->drafter->set_limit(seq->step_gamma);
       p.plan = seq->mode->Plan(p.state);
+      // simsd asks for drafts only at speculative steps; its completion steps are no fallback.
+      if (const auto* simsd = dynamic_cast<const SimSdMode*>(seq->mode.get())) {
+        p.draft_step = p.draft_step && simsd->asked_drafter();
+      }
     }
     const int n = static_cast<int>(p.plan.tokens.size());
     bool placed = true;
@@ -529,13 +557,19 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
   const auto batch_tokens = static_cast<double>(used);
   if (options_.observer != nullptr) options_.observer->OnStep(seconds, used);
   cost_builder_.ObserveStep(used, seconds);
-  // A step's time is a mode's own only when every sequence in it ran that mode.
-  const bool one_mode = std::all_of(batch.begin(), batch.end(), [&](const Planned& p) {
-    return p.seq->mode_name == batch.front().seq->mode_name;
-  });
+  // A mode's load is the number of resident sequences decoding in it, whether or not they are
+  // in this step (a spec sequence waiting for its drafts sits a step out, yet its drafter works
+  // for it): what the router's policy asks about is n sequences all in one mode, and a mode's
+  // TPF and waits depend on how many of its own sequences share its resources (the drafter's
+  // sessions), not on the other modes' sequences in the batch. A step's time is a mode's own
+  // only when every resident sequence runs that mode: a sequence of another mode sitting the
+  // step out still loads the host (its drafter's work), and that cost is not the mode's.
+  const bool one_mode = residents.size() == 1;
   for (const SequenceObservation& o : observed) {
-    cost_builder_.ObserveSequenceStep(o.mode, static_cast<int>(batch.size()), o.gained, o.extend,
-                                      o.wait, one_mode ? seconds : 0.0);
+    auto it = residents.find(o.mode);
+    const int load = it != residents.end() ? it->second : 1;
+    cost_builder_.ObserveSequenceStep(o.mode, load, o.gained, o.extend, o.wait,
+                                      one_mode ? seconds : 0.0);
   }
   cost_ = cost_builder_.Snapshot();
   if (steps_ == 1) {

@@ -13,6 +13,8 @@ namespace {
 
 // Every this many steps of γ = 0 an adaptive spec sequence verifies one draft.
 constexpr int kAcceptanceProbeEvery = 8;
+// The longest a simsd sequence waits for its γ drafts (see WaitForChains).
+constexpr absl::Duration kSimSdDraftWait = absl::Seconds(5);
 
 }  // namespace
 
@@ -122,12 +124,28 @@ void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
         DisableDrafting(*seq, absl::UnavailableError("the drafter's channel broke"));
         continue;
       }
-      if (seq->step_gamma <= 0 || seq->budget() < 2 ||
-          static_cast<int>(seq->tokens.size()) >= context_ || !ModePlansNext(*seq)) {
+      // simsd's output depends on its drafts: a late or short chain would change the decode,
+      // not only its speed (a speculative step of fewer drafts, or a completion step). So it
+      // waits for γ drafts (blocks are full even when the budget ends inside one) and longer;
+      // a broken channel still ends the wait at once.
+      const bool simsd = seq->mode_name == "simsd";
+      const int room = context_ - static_cast<int>(seq->tokens.size());
+      if (seq->step_gamma <= 0 || (!simsd && seq->budget() < 2) || room <= 0 ||
+          !ModePlansNext(*seq)) {
         continue;
       }
-      if (!seq->chain.Usable(seq->tokens).empty()) continue;
-      const absl::Time due = seq->last_advance + options_.draft_timeout;
+      const int wanted = simsd ? std::min(seq->gamma, room) : 1;
+      if (static_cast<int>(seq->chain.Usable(seq->tokens).size()) >= wanted) continue;
+      // A drafter conditioned on hidden states (DFlash) drafts once every token but the newest
+      // has its rows; while the prompt's tail is still pending no chain is coming for these
+      // tokens, so the step goes ahead without one.
+      if (!simsd && !seq->hidden_layers.empty() &&
+          static_cast<int>(seq->tokens.size()) - seq->hidden_sent > 1) {
+        continue;
+      }
+      const absl::Time due =
+          seq->last_advance +
+          (simsd ? std::max(options_.draft_timeout, kSimSdDraftWait) : options_.draft_timeout);
       if (due <= now) continue;
       waiting = true;
       earliest = std::min(earliest, due);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/decoding/runner.h"
+#include "worker/decoding/simsd.h"
 #include "worker/decoding/spec.h"
 
 namespace tandem {
@@ -16,6 +17,12 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir) {
   TANDEM_ASSIGN_OR_RETURN(loaded.model, Transformer::Load(dir));
   TANDEM_ASSIGN_OR_RETURN(loaded.tokenizer, Tokenizer::FromFile(dir + "/tokenizer.json"));
   return loaded;
+}
+
+absl::Status AttachLoraAdapter(LoadedModel& model, const std::string& dir) {
+  TANDEM_ASSIGN_OR_RETURN(LoraAdapter adapter, LoadLoraAdapter(dir, model.model->config()));
+  model.model->SetLoraAdapter(std::move(adapter));
+  return absl::OkStatus();
 }
 
 LocalGenerator::LocalGenerator(LoadedModel* model) : model_(model) {}
@@ -32,6 +39,7 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   const Tokenizer& tokenizer = *model_->tokenizer;
   ModeOptions mode_options = options.mode_options;
   if (options.drafter != nullptr) mode_options.spec_drafter = options.drafter->model.get();
+  mode_options.spec_dflash = options.dflash_drafter;
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DecodingMode> mode,
                           CreateMode(options.mode, mode_options, config, options.sampling));
   GenerateResult result;
@@ -98,6 +106,9 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   result.steps_with_drafts = stats.steps_with_drafts;
   if (const auto* spec = dynamic_cast<const SpecMode*>(mode.get())) {
     result.drafter_forwards = static_cast<int>(spec->drafter().stats().forwards);
+  }
+  if (const auto* simsd = dynamic_cast<const SimSdMode*>(mode.get())) {
+    result.drafter_forwards = static_cast<int>(simsd->drafter().stats().forwards);
   }
   result.finish = text_finish != FinishReason::kNone ? text_finish : stats.finish;
   if (result.finish != FinishReason::kStop) {

@@ -18,6 +18,7 @@
 
 namespace tandem {
 
+class DFlashModel;
 struct LoadedModel;
 
 struct GenerateOptions {
@@ -31,6 +32,9 @@ struct GenerateOptions {
   // The `spec` mode's drafter (same tokenizer as the target; may be the target itself). Not
   // owned; must outlive the call.
   LoadedModel* drafter = nullptr;
+  // `spec` with a DFlash drafter loaded for this target (used instead of `drafter` when set).
+  // Not owned; must outlive the call.
+  const DFlashModel* dflash_drafter = nullptr;
 };
 
 struct GenerateResult {
@@ -57,6 +61,10 @@ struct LoadedModel {
 
 // Loads <dir>/config.json, weights and tokenizer.json.
 absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir);
+
+// Loads the PEFT LoRA adapter in `dir` (adapter_config.json, adapter_model.safetensors) onto
+// `model`. Modes run it only where they gate it (ModeOptions::lora_drafts).
+absl::Status AttachLoraAdapter(LoadedModel& model, const std::string& dir);
 
 class LocalGenerator {
  public:

@@ -88,6 +88,81 @@ TEST_F(ToSequenceRequestTest, GammaMinusOneMeansArSteps) {
   ExpectInvalid("spec_gamma");
 }
 
+TEST_F(ToSequenceRequestTest, NspIsdJacobiAndSimsdOptionsLandInModeOptions) {
+  v1::ModeOptions& given = *request_.mutable_mode_options();
+  given.set_nsp_block(4);
+  given.set_nsp_tau(0.0f);  // optional: an explicit 0 is a value, not "the default"
+  given.set_nsp_confidence("entropy");
+  given.set_nsp_verify(true);
+  given.set_isd_stride(3);
+  given.set_isd_tau(0.0f);
+  given.set_isd_argmax_proposals(false);
+  given.set_jacobi_spawn_ratio(0.25f);
+  given.set_jacobi_pool_size(0);
+  given.set_jacobi_candidates(3);
+  given.set_jacobi_prompt_lookup(true);
+  given.set_simsd_gamma(5);
+  defaults_.nsp_tau = 0.9f;
+  defaults_.isd_tau = 0.5f;
+  absl::StatusOr<SequenceRequest> out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status();
+  const ModeOptions& o = out->mode_options;
+  EXPECT_EQ(o.nsp_block, 4);
+  EXPECT_FLOAT_EQ(o.nsp_tau, 0.0f);
+  EXPECT_EQ(o.nsp_confidence, "entropy");
+  EXPECT_TRUE(o.nsp_verify);
+  EXPECT_EQ(o.isd_stride, 3);
+  EXPECT_FLOAT_EQ(o.isd_tau, 0.0f);
+  EXPECT_FALSE(o.isd_argmax_proposals);
+  EXPECT_FLOAT_EQ(o.jacobi_spawn_ratio, 0.25f);
+  EXPECT_EQ(o.jacobi_pool_size, 0);
+  EXPECT_EQ(o.jacobi_candidates, 3);
+  EXPECT_TRUE(o.jacobi_prompt_lookup);
+  EXPECT_EQ(o.simsd_gamma, 5);
+
+  // Unset fields keep the verifier's defaults.
+  request_.clear_mode_options();
+  out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FLOAT_EQ(out->mode_options.nsp_tau, 0.9f);
+  EXPECT_FLOAT_EQ(out->mode_options.isd_tau, 0.5f);
+  EXPECT_EQ(out->mode_options.nsp_confidence, "logit");
+  EXPECT_TRUE(out->mode_options.isd_argmax_proposals);
+  EXPECT_EQ(out->mode_options.simsd_gamma, 0);
+}
+
+TEST_F(ToSequenceRequestTest, RefusesBadModeOptionsNamingTheField) {
+  v1::ModeOptions& given = *request_.mutable_mode_options();
+  given.set_nsp_tau(1.5f);
+  ExpectInvalid("nsp_tau");
+  given.clear_nsp_tau();
+  given.set_nsp_block(-1);
+  ExpectInvalid("nsp_block");
+  given.clear_nsp_block();
+  given.set_nsp_confidence("vibes");
+  ExpectInvalid("nsp_confidence");
+  given.clear_nsp_confidence();
+  given.set_isd_stride(1);
+  ExpectInvalid("isd_stride");
+  given.clear_isd_stride();
+  given.set_isd_tau(-0.1f);
+  ExpectInvalid("isd_tau");
+  given.clear_isd_tau();
+  given.set_jacobi_spawn_ratio(2.0f);
+  ExpectInvalid("jacobi_spawn_ratio");
+  given.clear_jacobi_spawn_ratio();
+  given.set_jacobi_pool_size(-1);
+  ExpectInvalid("jacobi_pool_size");
+  given.clear_jacobi_pool_size();
+  given.set_jacobi_candidates(-1);
+  ExpectInvalid("jacobi_candidates");
+  given.clear_jacobi_candidates();
+  given.set_simsd_gamma(-3);
+  ExpectInvalid("simsd_gamma");
+  given.clear_simsd_gamma();
+  EXPECT_TRUE(Convert().ok());
+}
+
 TEST_F(ToSequenceRequestTest, ChatAndTokenInputs) {
   v1::ChatMessage* message = request_.mutable_request()->mutable_chat()->add_messages();
   message->set_role("user");

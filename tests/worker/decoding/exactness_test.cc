@@ -36,7 +36,7 @@ struct ModeCase {
   // diffusion-pathway modes need.
   int mask_block = 0;
   // spec: which model drafts for the target.
-  enum class Drafter { kNone, kSelf, kPerturbed, kIndependent } drafter = Drafter::kNone;
+  enum class Drafter { kNone, kSelf, kPerturbed, kIndependent, kDFlash } drafter = Drafter::kNone;
 };
 
 ModeCase Spec(std::string label, int gamma, ModeCase::Drafter drafter) {
@@ -47,6 +47,14 @@ ModeCase Spec(std::string label, int gamma, ModeCase::Drafter drafter) {
           .options = options,
           .draft_len = gamma,
           .drafter = drafter};
+}
+
+// spec with a random-weight DFlash drafter (blocks of 6, hidden states of the target):
+// random weights seldom draft what the target says, so acceptance is not asserted.
+ModeCase SpecDFlash(std::string label, int gamma) {
+  ModeCase c = Spec(std::move(label), gamma, ModeCase::Drafter::kDFlash);
+  c.drafts = false;
+  return c;
 }
 
 void PrintTo(const ModeCase& c, std::ostream* os) { *os << c.label; }
@@ -241,6 +249,7 @@ struct TestModel {
   // unrelated random model of the same architecture (rare acceptance).
   std::unique_ptr<Transformer> perturbed;
   std::unique_ptr<Transformer> independent;
+  std::unique_ptr<DFlashModel> dflash;  // conditioned on `model`'s hidden states
 };
 
 // Built once for the whole binary: the models are immutable and every run has its own cache.
@@ -256,6 +265,7 @@ const std::vector<TestModel>& Models() {
       t.independent = testing::TinyModel(
           t.model->config().arch == Arch::kQwen3 ? TinyArch::kQwen3 : TinyArch::kQwen2, 31,
           kContext);
+      t.dflash = testing::TinyDFlash(t.model.get(), 41, 6);
     }
     return m;
   }();
@@ -271,6 +281,7 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateSpec(const ModeCase& c,
     options.spec_drafter = c.drafter == ModeCase::Drafter::kSelf        ? m.model.get()
                            : c.drafter == ModeCase::Drafter::kPerturbed ? m.perturbed.get()
                                                                         : m.independent.get();
+    if (c.drafter == ModeCase::Drafter::kDFlash) options.spec_dflash = m.dflash.get();
   }
   return CreateMode(c.mode, options, config, SamplingParams{});
 }
@@ -464,8 +475,8 @@ INSTANTIATE_TEST_SUITE_P(
         Spec("spec_g3_independent", 3, ModeCase::Drafter::kIndependent),
         Spec("spec_g1_self", 1, ModeCase::Drafter::kSelf),
         Spec("spec_g3_self", 3, ModeCase::Drafter::kSelf),
-        Spec("spec_g5_self", 5, ModeCase::Drafter::kSelf), Isd("isd_n2", 2), Isd("isd_n3", 3),
-        Isd("isd_n4", 4), Isd("isd_n6", 6)),
+        Spec("spec_g5_self", 5, ModeCase::Drafter::kSelf), SpecDFlash("spec_dflash_b6", 5),
+        Isd("isd_n2", 2), Isd("isd_n3", 3), Isd("isd_n4", 4), Isd("isd_n6", 6)),
     [](const ::testing::TestParamInfo<ModeCase>& info) { return info.param.label; });
 
 }  // namespace

@@ -6,7 +6,8 @@
 //  - distribution: with tau = 0 the joint distribution of the first three sampled tokens
 //    (20k seeded runs on a random-weight transformer over a 12-token vocabulary whose last
 //    token serves as <|mask|>) matches the exact AR distribution by chi-square; the same check
-//    fails for two broken acceptance rules and for the relaxed tau = 1 rule;
+//    fails for two broken acceptance rules and for the relaxed tau = 1 rule; it holds with a
+//    random LoRA adapter gated on the mask rows (R-ISD);
 //  - the step plan: one 2N-1-token causal extend once drafts exist, budget and context limits.
 // Greedy exactness against `ar` runs in exactness_test and isd_bundled_test.
 #include "worker/decoding/isd.h"
@@ -310,17 +311,18 @@ struct Sampled {
 
 // kRuns seeded runs of max_tokens kTokens + 1 (so a stride-3 step verifies two drafts inside
 // the tested window); the first kTokens tokens are counted.
-Sampled SampleJoint(const IsdOptions& options, const SamplingParams& sampling) {
+Sampled SampleJoint(const IsdOptions& options, const SamplingParams& sampling,
+                    Transformer& model = Target()) {
   Sampled s;
   s.counts.assign(static_cast<size_t>(std::pow(kVocab, kTokens)), 0);
-  KvCache kv(Target().KvOptions(static_cast<int64_t>(Prompt().size()) + kTokens + 64));
+  KvCache kv(model.KvOptions(static_cast<int64_t>(Prompt().size()) + kTokens + 64));
   IsdMode mode(options, kVocab, kContext);
   for (int run = 0; run < kRuns; ++run) {
     RunOptions run_options;
     run_options.max_tokens = kTokens + 1;
     run_options.sampling = sampling;
     run_options.sampling.seed = static_cast<uint64_t>(run);
-    absl::StatusOr<RunStats> got = RunSequence(Target(), kv, 1, mode, Prompt(), run_options);
+    absl::StatusOr<RunStats> got = RunSequence(model, kv, 1, mode, Prompt(), run_options);
     EXPECT_TRUE(got.ok()) << got.status();
     if (!got.ok() || static_cast<int>(got->tokens.size()) != kTokens + 1) return s;
     size_t index = 0;
@@ -374,6 +376,26 @@ TEST(IsdDistributionTest, ExactAcceptanceMatchesAr) {
     EXPECT_GT(s.accepted, 1000) << c.label;
     EXPECT_GT(s.drafted - s.accepted, 1000) << c.label;
   }
+}
+
+// R-ISD: Target()'s weights plus a random LoRA adapter that the mode gates on its <|mask|>
+// rows. The proposals q change, the anchors p do not, so the samples must still follow
+// Target()'s AR distribution.
+TEST(IsdDistributionTest, LoraOnMaskRowsKeepsTheArDistribution) {
+  const std::unique_ptr<Transformer> adapted =
+      Transformer::FromWeights(Target().config(), Target().weights());
+  adapted->SetLoraAdapter(testing::RandomLoraAdapter(Target().config(), 7, 0.5f));
+  const SamplingParams sampling = Temperature(1.0f);
+  const IsdOptions plain{.stride = 3, .mask_token = kMask, .argmax_proposals = false};
+  IsdOptions lora = plain;
+  lora.lora_masks = true;
+  const Sampled with = SampleJoint(lora, sampling, *adapted);
+  EXPECT_TRUE(Fits(with, ExactJoint(sampling), "isd N=3 + LoRA on masks, sampled, T 1"));
+  EXPECT_GT(with.accepted, 1000);
+  EXPECT_GT(with.drafted - with.accepted, 1000);
+  // Not vacuous: without the gate the same model proposes (and accepts) differently.
+  const Sampled without = SampleJoint(plain, sampling, *adapted);
+  EXPECT_NE(with.accepted, without.accepted);
 }
 
 // Broken rules: accept every proposal; on rejection draw from p instead of max(0, p - q).

@@ -2,14 +2,17 @@
 // vocabulary small enough that greedy outputs repeat n-grams (so drafts get accepted).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/decoding/runner.h"
+#include "worker/model/dflash.h"
 #include "worker/model/transformer.h"
 
 namespace tandem::testing {
@@ -68,6 +71,36 @@ inline std::unique_ptr<Transformer> PerturbedModel(const Transformer& model, uin
   return Transformer::FromWeights(model.config(), std::move(w));
 }
 
+// Rank-4 adapter on every projection with N(0, stddev) factors: large enough that the adapted
+// rows' logits differ clearly from the base model's.
+inline LoraAdapter RandomLoraAdapter(const ModelConfig& c, uint64_t seed, float stddev) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  const int q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const std::vector<std::tuple<LoraTarget, int, int>> shapes = {
+      {LoraTarget::kQ, c.hidden_size, q},
+      {LoraTarget::kK, c.hidden_size, kv},
+      {LoraTarget::kV, c.hidden_size, kv},
+      {LoraTarget::kO, q, c.hidden_size},
+      {LoraTarget::kGate, c.hidden_size, c.intermediate_size},
+      {LoraTarget::kUp, c.hidden_size, c.intermediate_size},
+      {LoraTarget::kDown, c.intermediate_size, c.hidden_size}};
+  constexpr int kRank = 4;
+  LoraAdapter adapter{.name = "random", .scale = 1.0f};
+  adapter.layers.resize(static_cast<size_t>(c.num_layers));
+  for (auto& layer : adapter.layers) {
+    for (const auto& [target, in, out] : shapes) {
+      LoraPair pair{.rank = kRank};
+      pair.a.resize(static_cast<size_t>(kRank) * in);
+      pair.b.resize(static_cast<size_t>(out) * kRank);
+      for (float& x : pair.a) x = normal(rng);
+      for (float& x : pair.b) x = normal(rng);
+      layer.emplace(target, std::move(pair));
+    }
+  }
+  return adapter;
+}
+
 // Runs `mode` over `prompt` with a cache of its own.
 inline absl::StatusOr<RunStats> RunOnce(Transformer& model, DecodingMode& mode,
                                         std::span<const int32_t> prompt,
@@ -113,6 +146,28 @@ inline std::vector<float> NextLogits(Transformer& model, std::span<const int32_t
   absl::StatusOr<std::vector<ExtendOutput>> out = model.Forward({&extend, 1}, kv);
   EXPECT_TRUE(out.ok()) << out.status();
   return out.ok() ? (*out)[0].logits : std::vector<float>();
+}
+
+// A random-weight DFlash drafter for `target` (not owned; must outlive it): one Qwen3 layer,
+// blocks of `block` slots, the last token as mask, taps of the target's middle and last layers,
+// up to two clean tokens per block (one when block is 2).
+inline std::unique_ptr<DFlashModel> TinyDFlash(const Transformer* target, uint64_t seed,
+                                               int block) {
+  DFlashConfig d;
+  d.model = target->config();
+  d.model.arch = Arch::kQwen3;
+  d.model.num_layers = 1;
+  d.model.qk_norm = true;
+  d.model.attention_bias = d.model.o_proj_bias = d.model.mlp_bias = false;
+  d.block_size = block;
+  d.mask_token_id = d.model.vocab_size - 1;
+  d.target_layer_ids = {d.model.num_layers, target->config().num_layers};
+  d.max_anchor = std::min(2, block - 1);
+  DFlashWeights w = RandomDFlashWeights(d, seed, 0.35f);
+  absl::StatusOr<std::unique_ptr<DFlashModel>> model =
+      DFlashModel::Create(std::move(d), std::move(w), target);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
 }
 
 }  // namespace tandem::testing

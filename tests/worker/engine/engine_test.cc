@@ -211,8 +211,11 @@ class EngineTest : public ::testing::Test {
           kGamma, std::make_unique<InProcessArDrafter>(&target(), config.max_position_embeddings),
           config.vocab_size, config.max_position_embeddings);
     } else {
+      ModeOptions options = Options(job.mode);
+      // simsd's output depends on its drafter: the engine's channels draft with the target.
+      if (job.mode == "simsd") options.spec_drafter = &target();
       absl::StatusOr<std::unique_ptr<DecodingMode>> created =
-          CreateMode(job.mode, Options(job.mode), config, job.sampling);
+          CreateMode(job.mode, options, config, job.sampling);
       EXPECT_TRUE(created.ok()) << created.status();
       if (!created.ok()) return {};
       mode = std::move(*created);
@@ -248,7 +251,7 @@ class EngineTest : public ::testing::Test {
       EXPECT_NE(sinks[i]->finish(), FinishReason::kCancelled) << label;
       EXPECT_EQ(sinks[i]->usage().completion_tokens, static_cast<int>(sinks[i]->tokens().size()))
           << label;
-      if (jobs[i].mode == "spec") {
+      if (jobs[i].mode == "spec" || jobs[i].mode == "simsd") {
         EXPECT_GT(sinks[i]->usage().drafted, 0) << label;
       }
     }

@@ -1,0 +1,112 @@
+// A DFlash-style block drafter conditioned on the target's hidden states, on the CPU in fp32.
+//
+// Context: for each committed token t the target's residual stream after the layers
+// config.target_layer_ids (worker/model/extend.h taps: layer l = after l decoder layers, 0 =
+// embeddings) is concatenated and fused into one context feature
+//     c_t = hidden_norm(fc(concat_l h_l[t]))                    fc: [H, k * H], no bias
+// Every drafter layer projects the SAME c_t (no input_layernorm) to context keys and values,
+// k_norm and RoPE at position t applied to the keys. They depend on c_t alone, so they are
+// computed once per committed token and kept in a DFlashContext.
+//
+// Block: positions p .. p + B - 1 (p = context length) hold a >= 1 clean tokens and B - a mask
+// tokens, embedded with the TARGET's embed_tokens. Each layer is a Qwen3 block whose queries
+// attend to every context key and every block key (bidirectional inside the block); then the
+// final norm and the target's lm_head. Slot j's logits predict the token at position p + j; the
+// drafts are the argmax of slots a .. B - 1.
+//
+// Thread-safety: the model is immutable after creation; Forward methods only write the context
+// passed in and per-call buffers, so several threads may draft with distinct contexts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/checkpoint/model_config.h"
+#include "worker/model/transformer.h"
+#include "worker/model/weights.h"
+
+namespace tandem {
+
+// The "architectures" entry of a DFlash drafter's config.json.
+inline constexpr char kDFlashArchitecture[] = "TandemDFlashDrafter";
+
+struct DFlashConfig {
+  ModelConfig model;   // the drafter's own Qwen3 layers (num_layers, heads, rope, eps)
+  int block_size = 0;  // B: slots of one drafted block
+  int mask_token_id = -1;
+  std::vector<int32_t> target_layer_ids;  // target taps concatenated into fc's input, in order
+  std::string target;                     // name of the target the drafter was trained for
+  int max_anchor = 1;                     // A: most clean tokens a block may start with
+};
+
+// Drafter weights; embed_tokens and lm_head are the target's.
+struct DFlashWeights {
+  std::vector<float> fc;           // [H, k * H], k = target_layer_ids.size()
+  std::vector<float> hidden_norm;  // [H]
+  std::vector<float> final_norm;   // [H]
+  // Qwen3 layers in the target model's layout (q/k/v and gate/up fused; no biases).
+  std::vector<LayerWeights> layers;
+};
+
+// Per-session context K/V: one row per committed token, position = row index.
+struct DFlashContext {
+  int length = 0;
+  std::vector<std::vector<float>> keys;    // [layers][length, kv_heads * head_dim], RoPE applied
+  std::vector<std::vector<float>> values;  // [layers][length, kv_heads * head_dim]
+};
+
+// Whether <dir>/config.json names kDFlashArchitecture (false when it cannot be read).
+bool IsDFlashCheckpoint(const std::string& dir);
+
+// Parses a DFlash config.json; InvalidArgument names the missing or bad field.
+absl::StatusOr<DFlashConfig> ParseDFlashConfig(const std::string& json_text,
+                                               const std::string& origin = "config.json");
+
+// Random weights (normal with `stddev`, norms around 1) for tests.
+DFlashWeights RandomDFlashWeights(const DFlashConfig& config, uint64_t seed, float stddev = 0.02f);
+
+class DFlashModel {
+ public:
+  // Loads <dir>/config.json and model.safetensors and checks them against `target`, which is
+  // not owned and must outlive the model (its embeddings and LM head are used).
+  static absl::StatusOr<std::unique_ptr<DFlashModel>> Load(const std::string& dir,
+                                                           const Transformer* target);
+  // InvalidArgument (naming the field or weight) when the config or the weight shapes do not
+  // fit `target`.
+  static absl::StatusOr<std::unique_ptr<DFlashModel>> Create(DFlashConfig config,
+                                                             DFlashWeights weights,
+                                                             const Transformer* target);
+
+  const DFlashConfig& config() const { return config_; }
+  const DFlashWeights& weights() const { return weights_; }
+  const Transformer& target() const { return *target_; }
+  int hidden_size() const { return config_.model.hidden_size; }
+
+  // Appends `n` committed tokens to `context` (positions context.length ..). `hidden`:
+  // [target_layer_ids.size(), n, hidden_size], the ExtendOutput::hidden layout of the taps.
+  absl::Status AppendContext(DFlashContext& context, std::span<const float> hidden, int n) const;
+  // Drops the context rows from `length` on.
+  static void TruncateContext(DFlashContext& context, int length);
+
+  // Logits [block_size, vocab] of the block whose first tokens are `clean` (1 .. block_size of
+  // them; the rest are masks) at positions context.length ...
+  absl::StatusOr<std::vector<float>> BlockLogits(const DFlashContext& context,
+                                                 std::span<const int32_t> clean) const;
+  // The greedy drafts: argmax of slots clean.size() .. block_size - 1.
+  absl::StatusOr<std::vector<int32_t>> Draft(const DFlashContext& context,
+                                             std::span<const int32_t> clean) const;
+
+ private:
+  DFlashModel(DFlashConfig config, DFlashWeights weights, const Transformer* target);
+
+  DFlashConfig config_;
+  DFlashWeights weights_;
+  const Transformer* target_;
+  RopeTables rope_;
+};
+
+}  // namespace tandem
