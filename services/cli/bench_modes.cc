@@ -23,6 +23,7 @@
 #include "services/cli/locate.h"
 #include "worker/decoding/modes.h"
 #include "worker/engine/local_generator.h"
+#include "worker/model/dflash.h"
 
 namespace tandem::cli {
 
@@ -279,7 +280,27 @@ int RunBenchModes(const BenchModesArgs& args) {
   const bool self_drafting = drafter_dir == args.model_dir;
   absl::StatusOr<LoadedModel> separate_drafter;
   LoadedModel* drafter = &*target;
-  if (!self_drafting) {
+  // A DFlash drafter drafts spec's blocks from the target's hidden states (no model of its own
+  // to load as a LoadedModel: it uses the target's embeddings and LM head).
+  std::unique_ptr<DFlashModel> dflash;
+  if (!self_drafting && IsDFlashCheckpoint(drafter_dir)) {
+    absl::StatusOr<std::unique_ptr<DFlashModel>> made =
+        DFlashModel::Load(drafter_dir, target->model.get());
+    if (!made.ok()) {
+      std::fprintf(stderr, "bench modes: drafter: %s\n", made.status().ToString().c_str());
+      return 1;
+    }
+    dflash = std::move(*made);
+    for (const Variant& v : variants) {
+      if (v.mode == "simsd") {
+        std::fprintf(stderr,
+                     "bench modes: a DFlash drafter (%s) drafts for spec only; leave simsd out of "
+                     "--modes or name another drafter\n",
+                     drafter_dir.c_str());
+        return 1;
+      }
+    }
+  } else if (!self_drafting) {
     separate_drafter = LoadModelDir(drafter_dir);
     if (!separate_drafter.ok()) {
       std::fprintf(stderr, "bench modes: drafter: %s\n",
@@ -295,6 +316,7 @@ int RunBenchModes(const BenchModesArgs& args) {
     options.mode_options = v.options;
     options.max_tokens = args.max_tokens;
     options.drafter = drafter;
+    options.dflash_drafter = dflash.get();
     return generator.Generate(p.text, options);
   };
 

@@ -121,7 +121,8 @@ void RegisterUp(CLI::App& app, int* exit_code) {
   cmd->add_option("--drafter-model", args->drafter_model_dir,
                   "Drafter model directory (default: tandem-drafter next to the target when "
                   "present with the same tokenizer, e.g. the bundled models/tandem-drafter; "
-                  "else the target itself)");
+                  "else the target itself); a DFlash drafter (models/tandem-dflash) gets the "
+                  "target as its --target-model");
   cmd->add_option("--start-timeout", args->start_timeout_seconds,
                   "Seconds each service may take to start")
       ->capture_default_str();

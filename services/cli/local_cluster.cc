@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/cli/locate.h"
+#include "worker/model/dflash.h"
 
 namespace tandem::cli {
 
@@ -35,6 +36,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   };
   std::vector<std::string> drafter_argv =
       common({*drafter_bin, "--model", cluster->drafter_model_dir_}, true);
+  // A DFlash drafter drafts from this target's hidden states with its embeddings and LM head.
+  if (IsDFlashCheckpoint(cluster->drafter_model_dir_)) {
+    drafter_argv.insert(drafter_argv.end(), {"--target-model", cluster->model_dir_});
+  }
   drafter_argv.insert(drafter_argv.end(), o.drafter_flags.begin(), o.drafter_flags.end());
   auto drafter = cluster->StartService("drafter", std::move(drafter_argv));
   if (!drafter.ok()) return drafter.status();

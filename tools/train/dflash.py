@@ -629,6 +629,7 @@ test and demonstration model for the engine's `spec` mode, not a useful code mod
 | `training.json` | recipe, hardware, wall time, loss history |
 | `eval.json` | held-out draft metrics |
 | `fixtures/drafts.json` | reference drafts and logits (engine golden test) |
+| `bench.json` | `tandem bench modes --modes ar,spec --json` with this drafter (engine), when present |
 
 ## Architecture (`{ARCHITECTURE}`)
 
@@ -702,7 +703,7 @@ own token):
 |---|---|---|
 | this DFlash drafter, {sim['drafts_per_step']} drafts in one forward | {sim['steps']:,d} | **{sim['mean_accepted_length']:.2f}** |
 {ar_row}
-{_limitations(ev, tr)}## Fixtures
+{_limitations(ev, tr)}{_engine_section(folder)}## Fixtures
 
 `fixtures/drafts.json`: {len(fx['prompts'])} held-out prompts of {fx['prompts'][0]['prompt_len']}
 tokens with the target's greedy continuation (`tokens`), and per prompt blocks `{{p, a, drafts,
@@ -722,6 +723,33 @@ reproduces a draft if its logits are within half that slot's gap of these.
 Same library versions and thread count give the same weights. Re-run the evaluation, the
 fixtures and this card: `.venv/bin/python tools/train/dflash.py models/{folder.name}`. The
 training data is the Python standard library, under the PSF License.
+"""
+
+
+def _engine_section(folder: Path) -> str:
+    """`spec` with this drafter as the C++ engine measured it (bench.json), if it was."""
+    bench_path = folder / "bench.json"
+    if not bench_path.exists():
+        return ""
+    import model_card  # noqa: E402  (imports this module's siblings; only needed here)
+    bench = json.loads(bench_path.read_text())
+    return f"""**In the engine** (`spec`: speculative decoding of `{bench['model']}` with this drafter,
+`spec gamma=N`: up to N drafts verified per step — a block gives at most B − 1 — and
+the default γ = 4 otherwise; greedy,
+{bench['max_tokens']} new tokens per prompt, the prompts of `{bench['prompts_file']}`,
+{bench['threads']} thread(s); `bench.json`):
+
+{model_card._engine_rows(bench)}
+
+TPF: completion tokens per target forward; acc.len: tokens committed per drafting step
+(accepted drafts + 1); seq=AR: outputs equal to AR greedy decoding. tok/s depends on the
+machine (a shared 2-core CPU here), TPF and acceptance do not. Command:
+
+```sh
+build/services/cli/tandem bench modes --model {bench['model']} --drafter models/{folder.name} \\
+  --modes ar,spec --threads 1 --json > models/{folder.name}/bench.json
+```
+
 """
 
 
