@@ -295,7 +295,8 @@ def _anchor_range(prompt_len: int, total: int, a: int, block_size: int) -> range
 @torch.no_grad()
 def held_out_metrics(drafter, target, cfg: dict, held_stream: np.ndarray, ar_drafter=None,
                      prompts: int = 64, prompt_len: int = 64, new_tokens: int = 64,
-                     seed: int = 5, chunk: int = 8) -> dict:
+                     seed: int = 5, chunk: int = 8, unigram_logp: np.ndarray | None = None
+                     ) -> dict:
     """On held-out prompts continued greedily by the target (g): per-slot agreement of the
     drafts with g at every a = 1..max_anchor, and greedy speculative decoding simulated at
     a = 1 (anchor = the last committed token, context = the target rows before it; accept the
@@ -315,14 +316,19 @@ def held_out_metrics(drafter, target, cfg: dict, held_stream: np.ndarray, ar_dra
         rng_p = _anchor_range(prompt_len, total, a, b)
         st = torch.tensor(list(rng_p)).expand(prompts, -1)
         an = torch.full_like(st, a)
-        preds = []
+        preds, nll = [], []
+        gold = seq.gather(1, (st[:, :, None] + torch.arange(b)).reshape(prompts, -1))
         for lo in range(0, prompts, chunk):
             rows = seq[lo:lo + chunk]
             hidden, _ = target_states(target, rows, layer_ids)
-            preds.append(draft_logits(drafter, target, rows, hidden, st[lo:lo + chunk],
-                                      an[lo:lo + chunk], mask_id).argmax(-1))
+            logits = draft_logits(drafter, target, rows, hidden, st[lo:lo + chunk],
+                                  an[lo:lo + chunk], mask_id)  # [n, blocks, B, V]
+            preds.append(logits.argmax(-1))
+            if a == 1:
+                g = gold[lo:lo + chunk].view(logits.shape[:3])[:, :, a:]
+                logq = F.log_softmax(logits[:, :, a:], -1)
+                nll.append(-logq.gather(-1, g[..., None]).squeeze(-1).flatten())
         pred = torch.cat(preds)  # [N, n, B]
-        gold = seq.gather(1, (st[:, :, None] + torch.arange(b)).reshape(prompts, -1))
         ok = (pred == gold.view(pred.shape))[:, :, a:]  # [N, n, B - a]
         run = torch.cumprod(ok.int(), dim=-1).sum(-1).float()
         result["by_anchor"][str(a)] = {
@@ -331,6 +337,12 @@ def held_out_metrics(drafter, target, cfg: dict, held_stream: np.ndarray, ar_dra
             "mean_accepted_drafts": round(float(run.mean()), 4)}
         if a == 1:
             drafts_a1 = (ok, list(rng_p))
+            # Held-out loss of the drafted slots against g (nats/token), next to a unigram
+            # model of the train split on the same tokens.
+            result["heldout_draft_cross_entropy"] = round(float(torch.cat(nll).mean()), 4)
+            if unigram_logp is not None:
+                g = gold.view(pred.shape)[:, :, a:].flatten().numpy()
+                result["unigram_cross_entropy"] = round(float(-unigram_logp[g].mean()), 4)
     # Simulated greedy speculative decoding at a = 1 from the first generated token g[0]
     # (committed by the prefill): a step at anchor p accepts k drafts and the target adds one.
     ok, anchor_list = drafts_a1
@@ -421,8 +433,12 @@ def evaluate_folder(folder: Path, threads: int = 1) -> dict:
     ar_dir = REPO_ROOT / "models" / "tandem-drafter"
     ar_drafter = export.load(ar_dir)[0] if (ar_dir / "config.json").exists() else None
     eos = tokenizer_lib.special_ids(tok)[tokenizer_lib.ENDOFTEXT]
-    held = data.token_stream(tok, corpus_lib.load().heldout, eos)
-    ev = held_out_metrics(drafter, target, cfg, held, ar_drafter)
+    split = corpus_lib.load()
+    held = data.token_stream(tok, split.heldout, eos)
+    # Add-one smoothed unigram of the train split: the baseline of the held-out draft loss.
+    counts = np.bincount(data.token_stream(tok, split.train, eos), minlength=cfg["vocab_size"])
+    unigram_logp = np.log((counts + 1) / (counts.sum() + cfg["vocab_size"]))
+    ev = held_out_metrics(drafter, target, cfg, held, ar_drafter, unigram_logp=unigram_logp)
     ev["ar_drafter"] = "models/tandem-drafter" if ar_drafter is not None else None
     fx = fixtures(drafter, target, cfg, held)
     (folder / "fixtures").mkdir(exist_ok=True)
@@ -694,7 +710,7 @@ agreement = the draft equals g there (what greedy verification accepts):
 | a | blocks | agreement by drafted slot | mean accepted drafts |
 |---|---|---|---|
 {by_a}
-
+{_loss_line(ev)}
 Greedy speculative decoding simulated in PyTorch at a = 1 from the first generated token (a
 step drafts {sim['drafts_per_step']} tokens, accepts the prefix equal to g and adds the target's
 own token):
@@ -723,6 +739,18 @@ reproduces a draft if its logits are within half that slot's gap of these.
 Same library versions and thread count give the same weights. Re-run the evaluation, the
 fixtures and this card: `.venv/bin/python tools/train/dflash.py models/{folder.name}`. The
 training data is the Python standard library, under the PSF License.
+"""
+
+
+def _loss_line(ev: dict) -> str:
+    if "heldout_draft_cross_entropy" not in ev:
+        return ""
+    uni = ev.get("unigram_cross_entropy")
+    baseline = (f" against **{uni:.3f}** for a unigram model of the train split (add-one "
+                f"smoothed) on the same tokens" if uni is not None else "")
+    return f"""
+Held-out loss of the drafted slots at a = 1 against g: **{ev['heldout_draft_cross_entropy']:.3f}**
+nats/token{baseline}.
 """
 
 
