@@ -33,7 +33,7 @@ def _files_table(folder: Path) -> str:
         "eval.json": "held-out metrics",
         "fixtures/greedy.json": "transformers greedy continuations (engine golden test)",
         "fixtures/modes.json": "reference self-speculation / diffusion decodes",
-        "bench.json": "`tandem bench modes --modes ar,spec --json` against the target (engine)",
+        "bench.json": "`tandem bench modes --json` (engine; the command is below)",
     }
     for name, desc in what.items():
         if (folder / name).exists():
@@ -123,6 +123,30 @@ shared), so read it as indicative only. Command:
 ```
 """
     return out
+
+
+def _modes_section(folder: Path) -> str:
+    """The model's own modes as the C++ engine measured them (bench.json)."""
+    bench = json.loads((folder / "bench.json").read_text())
+    modes = list(dict.fromkeys(r["mode"] for r in bench["results"]))
+    return f"""
+## In the engine
+
+`tandem bench modes`: every mode's variants, greedy, {bench['max_tokens']} new tokens per prompt,
+the prompts of `{bench['prompts_file']}`, {bench['threads']} thread(s); `bench.json`:
+
+{_engine_rows(bench)}
+
+TPF: completion tokens per forward (every forward counts: prefill, draft and verify);
+acc.len: tokens committed per drafting step; seq=AR: outputs equal to AR greedy decoding
+(lossy modes differ by design). TPF, acc.len and seq=AR do not depend on the machine; tok/s
+does (a shared 2-core CPU here). Command:
+
+```sh
+build/services/cli/tandem bench modes --model models/{folder.name} --modes {','.join(modes)} \\
+  --threads 1 --json > models/{folder.name}/bench.json
+```
+"""
 
 
 def render(folder: Path) -> str:
@@ -275,6 +299,8 @@ model exercises the modes' mechanics and losslessness; it does not show their sp
 """)
     if ev.get("drafter") and tr.get("distill"):
         out.append(_drafter_section(folder, cfg, tr, ev))
+    elif (folder / "bench.json").exists() and recipe.get("objective") not in ("idlm", "sdlm"):
+        out.append(_modes_section(folder))
     modes_served = ", ".join(f"`{x}`" for x in cfg.get("tandem", {}).get("modes", ["ar"]))
     out.append(f"""
 ## Modes
