@@ -91,20 +91,7 @@ absl::StatusOr<StepResult> SelfSpecMode::ConsumeDraft(const DecodeState& state,
   return result;
 }
 
-StepPlan SelfSpecMode::PlanVerify(const DecodeState& state) {
-  StepPlan plan;
-  AppendPending(state, &plan);
-  const int pending = static_cast<int>(plan.tokens.size());
-  const int length = static_cast<int>(state.tokens.size());
-  for (size_t i = 0; i < drafts_.size(); ++i) {
-    plan.tokens.push_back(drafts_[i]);
-    plan.positions.push_back(length + static_cast<int>(i));
-  }
-  for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
-    plan.outputs.push_back(i);
-  }
-  return plan;
-}
+StepPlan SelfSpecMode::PlanVerify(const DecodeState& state) { return PlanDraftRun(state, drafts_); }
 
 absl::StatusOr<StepResult> SelfSpecMode::ConsumeVerify(const DecodeState& state,
                                                        const StepPlan& plan,

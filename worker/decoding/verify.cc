@@ -24,6 +24,21 @@ int32_t VerifyDraft(std::span<const float> logits, int32_t draft, const Sampling
   return token >= 0 ? token : draft;
 }
 
+StepPlan PlanDraftRun(const DecodeState& state, std::span<const int32_t> drafts) {
+  StepPlan plan;
+  AppendPending(state, &plan);
+  const int pending = static_cast<int>(plan.tokens.size());
+  const int length = static_cast<int>(state.tokens.size());
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    plan.tokens.push_back(drafts[i]);
+    plan.positions.push_back(length + static_cast<int>(i));
+  }
+  for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
+    plan.outputs.push_back(i);
+  }
+  return plan;
+}
+
 StepResult VerifyDraftRun(const DecodeState& state, const StepPlan& plan, const ExtendOutput& out,
                           int vocab_size, int* accepted_drafts, std::vector<float>* scratch) {
   const int pending = state.pending();

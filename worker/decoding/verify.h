@@ -20,6 +20,10 @@ namespace tandem {
 int32_t VerifyDraft(std::span<const float> logits, int32_t draft, const SamplingParams& sampling,
                     uint64_t index, bool* accepted, std::vector<float>* scratch);
 
+// The plan of that verify pass: the pending tokens followed by `drafts` at the next indices,
+// causal, with outputs from the last pending token on (row j: the distribution at draft j).
+StepPlan PlanDraftRun(const DecodeState& state, std::span<const int32_t> drafts);
+
 // The AR verify pass of a self-speculative cycle: the plan's extend is the pending tokens
 // followed by m drafts, and output row j is the target's distribution at the j-th draft's
 // index (row m: the token after the last draft). Verifies the drafts in order with
