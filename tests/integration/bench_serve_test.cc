@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/cluster.h"
+#include "tests/worker/model/checkpoint/temp_dir.h"
 
 namespace tandem::testing {
 namespace {
@@ -25,11 +26,16 @@ struct CommandRun {
   std::string err;
 };
 
+// A directory of this process's own: ctest runs this suite's tests as parallel processes.
+const test::TempDir& OwnDir() {
+  static const test::TempDir dir;
+  return dir;
+}
+
 // Runs `tandem ARGS`, collecting stdout and stderr.
 CommandRun RunTandem(const std::string& args) {
   static int counter = 0;
-  const std::string err_file =
-      absl::StrCat(::testing::TempDir(), "/bench_serve_test_stderr_", ++counter, ".txt");
+  const std::string err_file = OwnDir().File(absl::StrCat("stderr_", ++counter, ".txt"));
   const std::string command =
       absl::StrCat("'", BinaryPath("cli", "tandem"), "' ", args, " 2>'", err_file, "'");
   CommandRun run;
@@ -50,7 +56,7 @@ bool HasMatplotlib() {
 }
 
 TEST(BenchServe, RunsEveryModeAtEveryLevelAndWritesJson) {
-  const std::string out_dir = absl::StrCat(::testing::TempDir(), "/bench_serve_out");
+  const std::string out_dir = OwnDir().File("bench_serve_out");
   std::filesystem::remove_all(out_dir);
   const CommandRun run = RunTandem(absl::StrCat(
       "bench serve --concurrency 1,2 --modes ar,auto --max-tokens 8 --requests-per-level 3 "

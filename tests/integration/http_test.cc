@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/cluster.h"
+#include "tests/worker/model/checkpoint/temp_dir.h"
 
 namespace tandem::testing {
 namespace {
@@ -32,10 +33,11 @@ struct CurlResult {
 
 // Runs curl against the router's HTTP API. `body` (when not empty) is POSTed as JSON.
 CurlResult Curl(const std::string& url, const std::string& body, const std::string& key = kKey) {
+  // A directory of this process's own: ctest runs this suite's tests as parallel processes.
+  static const test::TempDir dir;
   static int counter = 0;
-  const std::string dir = ::testing::TempDir();
-  const std::string body_file = absl::StrCat(dir, "/http_test_body_", ++counter, ".json");
-  const std::string header_file = absl::StrCat(dir, "/http_test_headers_", counter, ".txt");
+  const std::string body_file = dir.File(absl::StrCat("body_", ++counter, ".json"));
+  const std::string header_file = dir.File(absl::StrCat("headers_", counter, ".txt"));
   std::string command = absl::StrCat("curl -sS -N --max-time 300 -D '", header_file,
                                      "' -w '\\n%{http_code} %{content_type}'");
   if (!key.empty()) absl::StrAppend(&command, " -H 'Authorization: Bearer ", key, "'");
