@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/gemm.h"
+
 namespace tandem::kernels::cpu {
 
 namespace {
@@ -223,7 +225,7 @@ void InvokeDirect(const AttentionParams& p, float* workspace) {
   const int d = p.head_dim;
   const int items = p.new_tokens * p.kv_heads;
   const int64_t work = static_cast<int64_t>(items) * group * total * d;
-#pragma omp parallel for schedule(static) if (work > kParallelWork)
+#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (work > kParallelWork)
   for (int item = 0; item < items; ++item) {
     const int i = item / p.kv_heads;
     const int g = item % p.kv_heads;
@@ -258,7 +260,7 @@ void InvokeDirect(const AttentionParams& p, float* workspace) {
 
 size_t DirectWorkspace(const AttentionParams& p) {
   return static_cast<size_t>(p.q_heads / p.kv_heads) * (p.context_len + p.new_tokens) *
-         omp_get_max_threads();
+         CpuThreads();
 }
 
 // Query rows per tile: whole groups, about kTileRows rows.

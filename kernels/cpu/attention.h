@@ -36,7 +36,7 @@ struct AttentionParams {
 
 // Empty string when the parameters are consistent, else what is wrong.
 const char* AttentionCheck(const AttentionParams& p);
-// Floats of scratch memory Invoke needs, for the current omp_get_max_threads(). About
+// Floats of scratch memory Invoke needs, for CpuThreads() threads (gemm.h). About
 // (2 * head_dim + 128) * (context_len + new_tokens) for an extend, group * (context_len + 1) per
 // thread for a decode (one new token).
 size_t AttentionWorkspaceFloats(const AttentionParams& p);

@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -10,12 +11,14 @@ namespace tandem::kernels::cpu {
 
 namespace {
 
+std::atomic<int> cpu_threads{0};  // 0: not set (all cores)
+
 // y[n] = beta * y + alpha * w[n, k] · x[k], rows split across the OpenMP pool. Batch-1 decode
 // lives on this product; OpenBLAS' threaded GEMV wakes its own thread pool on every call, which
 // costs a measurable share of a step made of ~50 small products.
 void Gemv(const float* w, const float* x, float* y, int n, int k, float alpha, float beta) {
   const long work = static_cast<long>(n) * k;
-#pragma omp parallel for schedule(static) if (work > (1 << 16))
+#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (work > (1 << 16))
   for (int r = 0; r < n; ++r) {
     const float* row = w + static_cast<size_t>(r) * k;
     float acc = 0.0f;
@@ -53,8 +56,15 @@ void LinearAccumulate(const float* x, const float* w, float* y, int m, int n, in
 
 void SetBlasThreads(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
-  openblas_set_num_threads(threads > 0 ? threads : 1);
-  omp_set_num_threads(threads > 0 ? threads : 1);
+  threads = threads > 0 ? threads : 1;
+  openblas_set_num_threads(threads);
+  omp_set_num_threads(threads);
+  cpu_threads.store(threads, std::memory_order_relaxed);
+}
+
+int CpuThreads() {
+  const int threads = cpu_threads.load(std::memory_order_relaxed);
+  return threads > 0 ? threads : omp_get_num_procs();
 }
 
 int BlasThreads() { return openblas_get_num_threads(); }

@@ -10,8 +10,12 @@ void Linear(const float* x, const float* w, const float* bias, float* y, int m, 
 // y[m, n] += alpha * x[m, k] · w[n, k]^T
 void LinearAccumulate(const float* x, const float* w, float* y, int m, int n, int k, float alpha);
 
-// Threads OpenBLAS may use (<= 0: all cores).
+// Threads the CPU ops may use (<= 0: all cores), in every thread of the process: OpenBLAS' pool
+// and the ops' own OpenMP loops (which name the count in each loop, since omp_set_num_threads
+// would reach only the calling thread and the engine's forwards run on a thread of their own).
 void SetBlasThreads(int threads);
 int BlasThreads();
+// The thread count the ops' OpenMP loops use: SetBlasThreads' value, all cores until it is called.
+int CpuThreads();
 
 }  // namespace tandem::kernels::cpu
