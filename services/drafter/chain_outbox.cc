@@ -14,7 +14,7 @@ ChainOutbox::Action ChainOutbox::Push(DraftChain chain) {
   if (mergeable && !chain.error.ok()) {
     // The session ends: its queued tokens are of no use any more.
     *it->second = std::move(chain);
-  } else if (mergeable &&
+  } else if (mergeable && chain.slots.empty() && it->second->slots.empty() &&
              chain.from == it->second->from + static_cast<int>(it->second->tokens.size())) {
     // What the reader would make of the two chains in a row.
     it->second->tokens.insert(it->second->tokens.end(), chain.tokens.begin(), chain.tokens.end());

@@ -99,6 +99,7 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
       out_.set_session(c.session);
       out_.set_from(c.from);
       out_.mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
+      out_.mutable_slots()->Add(c.slots.begin(), c.slots.end());
       if (!c.error.ok()) out_.set_error(c.error.ToString());
       StartWrite(&out_);
     }
@@ -116,7 +117,7 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
         }
         engine_->Open(stream_id_, m.session(),
                       std::vector<int32_t>(m.open().tokens().begin(), m.open().tokens().end()),
-                      m.open().gamma(), std::move(*hidden));
+                      m.open().gamma(), std::move(*hidden), m.open().block_size());
         break;
       }
       case v1::DraftClientMessage::kAdvance: {

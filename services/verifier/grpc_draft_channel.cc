@@ -89,7 +89,8 @@ class GrpcDraftChannel::Stream final
     }
     DraftChain chain{.session = in_.session(),
                      .from = in_.from(),
-                     .tokens = std::vector<int32_t>(in_.tokens().begin(), in_.tokens().end())};
+                     .tokens = std::vector<int32_t>(in_.tokens().begin(), in_.tokens().end()),
+                     .slots = std::vector<int32_t>(in_.slots().begin(), in_.slots().end())};
     if (!in_.error().empty()) {
       chain.error =
           absl::UnavailableError(absl::StrCat("drafter at ", core_->address, ": ", in_.error()));
@@ -247,11 +248,12 @@ GrpcDraftChannel::~GrpcDraftChannel() {
 }
 
 absl::Status GrpcDraftChannel::Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
-                                    const HiddenRows& hidden) {
+                                    const HiddenRows& hidden, int block_size) {
   v1::DraftClientMessage message;
   message.set_session(session);
   message.mutable_open()->mutable_tokens()->Add(tokens.begin(), tokens.end());
   message.mutable_open()->set_gamma(gamma);
+  message.mutable_open()->set_block_size(block_size);
   if (!hidden.empty()) ToWire(hidden, message.mutable_open()->mutable_hidden());
   Core* core = core_.get();
   auto write = core->Enqueue(std::move(message), [core, session]() ABSL_NO_THREAD_SAFETY_ANALYSIS {

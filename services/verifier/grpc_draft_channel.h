@@ -39,7 +39,7 @@ class GrpcDraftChannel final : public DraftChannel {
   using DraftChannel::Advance;
   using DraftChannel::Open;
   absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
-                    const HiddenRows& hidden) override;
+                    const HiddenRows& hidden, int block_size) override;
   absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append, int gamma,
                        const HiddenRows& hidden) override;
   void Close(uint64_t session) override;

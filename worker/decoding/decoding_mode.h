@@ -20,6 +20,8 @@
 
 namespace tandem {
 
+struct DrafterStats;
+
 // What a mode sees of its sequence.
 struct DecodeState {
   std::span<const int32_t> tokens;  // prompt + generated tokens, all final
@@ -61,6 +63,19 @@ class DecodingMode {
   // `out` holds the logits of plan.outputs in order (and hidden states if asked for).
   virtual absl::StatusOr<StepResult> Consume(const DecodeState& state, const StepPlan& plan,
                                              const ExtendOutput& out) = 0;
+
+  // Modes that draft with a Drafter (drafter.h) describe it to their driver; the defaults are
+  // those of a mode without one.
+  // The drafter's counters; null without a drafter.
+  virtual const DrafterStats* drafter_stats() const { return nullptr; }
+  // Whether the last Plan was a step meant to verify drafts. False for a step that drafts
+  // nothing by design (not a fallback for want of drafts).
+  virtual bool last_plan_wanted_drafts() const { return drafter_stats() != nullptr; }
+  // Whether the drafts decide the output and not only the speed (a lossy mode that verifies
+  // against its own approximation): a driver that gets drafts from elsewhere then waits for a
+  // step's full draft rather than going on without one, and a step takes drafts even when the
+  // budget has room for one token only.
+  virtual bool drafts_decide_output() const { return false; }
 };
 
 // The pending tokens as the head of an extend: positions kv_len.., causal.

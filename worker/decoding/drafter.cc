@@ -1,6 +1,7 @@
 #include "worker/decoding/drafter.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -13,6 +14,26 @@ namespace {
 constexpr SeqId kDraftSeq = 0;
 
 }  // namespace
+
+absl::StatusOr<BlockDraft> Drafter::DraftBlock(std::span<const int32_t> tokens,
+                                               std::span<const int32_t> block, int gamma) {
+  const int size = static_cast<int>(block.size());
+  int prefix = 0;
+  while (prefix < size && block[prefix] != kUndecodedSlot) ++prefix;
+  BlockDraft draft;
+  for (int s = prefix; s < size; ++s) {
+    if (block[s] != kUndecodedSlot) return draft;  // not a prefix: nothing left to right
+  }
+  gamma = std::min(gamma, size - prefix);
+  if (gamma <= 0) return draft;
+  std::vector<int32_t> context(tokens.begin(), tokens.end());
+  context.insert(context.end(), block.begin(), block.begin() + prefix);
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> drafts, Draft(context, gamma));
+  if (static_cast<int>(drafts.size()) > gamma) drafts.resize(gamma);
+  for (size_t r = 0; r < drafts.size(); ++r) draft.slots.push_back(prefix + static_cast<int>(r));
+  draft.tokens = std::move(drafts);
+  return draft;
+}
 
 InProcessArDrafter::InProcessArDrafter(Transformer* model, int capacity)
     : model_(model), capacity_(capacity), kv_(model->KvOptions(capacity)) {

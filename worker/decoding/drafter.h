@@ -1,6 +1,11 @@
 // Drafters propose the tokens a speculative step verifies. A drafter sees only final tokens (the
 // sequence so far) and answers greedy drafts: with a point-mass draft distribution the verifier
 // needs no q on the wire (accept x̂ with probability p(x̂), else resample from p without x̂).
+//
+// Two kinds of draft: Draft() continues the sequence left to right (`spec`); DraftBlock() fills
+// undecoded slots of a block in the drafter's own decoding order (`simsd`, SimSD §3.2: the
+// draft-induced order). Every drafter answers both: by default DraftBlock() drafts the slots
+// after the block's decoded prefix left to right with Draft().
 #pragma once
 
 #include <cstdint>
@@ -22,6 +27,18 @@ struct DrafterStats {
   int64_t fed_tokens = 0;     // tokens fed to the drafter model (catch-up and drafts)
 };
 
+// A slot of a DraftBlock() block that is not decoded yet.
+inline constexpr int32_t kUndecodedSlot = -1;
+
+// Drafts for slots of a block, in the order the drafter decoded them: draft r is `tokens[r]` for
+// slot `slots[r]` (offset from the block's first position). Slots are distinct undecoded slots.
+struct BlockDraft {
+  std::vector<int32_t> slots;
+  std::vector<int32_t> tokens;
+
+  int size() const { return static_cast<int>(tokens.size()); }
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -31,6 +48,14 @@ class Drafter {
   // caller takes an AR step.
   virtual absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t> tokens,
                                                      int gamma) = 0;
+  // Up to `gamma` drafts for the undecoded slots of `block`, the block that follows `tokens`
+  // (its slots at sequence indices tokens.size() ..; decoded slots hold their token, the others
+  // kUndecodedSlot), in the drafter's decoding order. The default drafts the slots right after
+  // the block's decoded prefix with Draft(tokens + prefix, gamma), slots prefix, prefix + 1, ...;
+  // when a decoded slot follows an undecoded one it answers no drafts (it drafts left to right
+  // only). Errors as for Draft().
+  virtual absl::StatusOr<BlockDraft> DraftBlock(std::span<const int32_t> tokens,
+                                                std::span<const int32_t> block, int gamma);
   virtual const DrafterStats& stats() const = 0;
 
   // Drafters conditioned on the target's hidden states (DFlash-style) name the target layers

@@ -6,6 +6,7 @@
 #include "worker/decoding/ar.h"
 #include "worker/decoding/dflash_drafter.h"
 #include "worker/decoding/diffusion.h"
+#include "worker/decoding/diffusion_drafter.h"
 #include "worker/decoding/isd.h"
 #include "worker/decoding/jacobi.h"
 #include "worker/decoding/nsp.h"
@@ -62,6 +63,45 @@ absl::StatusOr<SimSdOptions> MakeSimSdOptions(const ModeOptions& options,
   simsd.gamma = options.simsd_gamma > 0 ? options.simsd_gamma : simsd.block_size;
   TANDEM_RETURN_IF_ERROR(ValidateSimSdOptions(simsd, config.vocab_size));
   return simsd;
+}
+
+bool UsesDrafter(std::string_view name) { return name == "spec" || name == "simsd"; }
+
+absl::StatusOr<DraftingNeeds> DraftingNeedsOf(std::string_view name, const ModeOptions& options,
+                                              const ModelConfig& config) {
+  if (name == "simsd") {
+    TANDEM_ASSIGN_OR_RETURN(SimSdOptions simsd, MakeSimSdOptions(options, config));
+    return DraftingNeeds{.uses_drafter = true,
+                         .gamma = simsd.gamma,
+                         .fixed_gamma = true,
+                         .block_size = simsd.block_size};
+  }
+  if (name == "spec") {
+    if (options.spec_gamma < 0 || options.spec_gamma > kMaxSpecGamma) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec_gamma must be in [0, ", kMaxSpecGamma, "], got ", options.spec_gamma));
+    }
+    return DraftingNeeds{.uses_drafter = true, .gamma = options.spec_gamma};
+  }
+  return DraftingNeeds{};
+}
+
+absl::StatusOr<std::unique_ptr<DecodingMode>> CreateModeWithDrafter(
+    std::string_view name, const ModeOptions& options, const ModelConfig& config,
+    std::unique_ptr<Drafter> drafter) {
+  TANDEM_ASSIGN_OR_RETURN(DraftingNeeds needs, DraftingNeedsOf(name, options, config));
+  if (!needs.uses_drafter) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mode ", std::string(name), " does not draft with a separate drafter"));
+  }
+  if (drafter == nullptr) return absl::InvalidArgumentError("CreateModeWithDrafter: no drafter");
+  if (name == "simsd") {
+    TANDEM_ASSIGN_OR_RETURN(SimSdOptions simsd, MakeSimSdOptions(options, config));
+    return std::make_unique<SimSdMode>(std::move(simsd), std::move(drafter), config.vocab_size,
+                                       config.max_position_embeddings);
+  }
+  return std::make_unique<SpecMode>(needs.gamma, std::move(drafter), config.vocab_size,
+                                    config.max_position_embeddings);
 }
 
 std::vector<std::string> ImplementedModes() {
@@ -133,10 +173,18 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
                        " tokens; the target's has ", config.vocab_size, " (they must match)"));
     }
     TANDEM_ASSIGN_OR_RETURN(SimSdOptions simsd, MakeSimSdOptions(options, config));
-    return std::make_unique<SimSdMode>(std::move(simsd),
-                                       std::make_unique<InProcessArDrafter>(
-                                           options.spec_drafter, DrafterCapacity(config, drafter)),
-                                       config.vocab_size, config.max_position_embeddings);
+    // A drafter with a diffusion pathway denoises the block in its own order (SimSD's
+    // draft-induced order); an AR-only drafter drafts left to right.
+    std::unique_ptr<Drafter> drafts;
+    if (drafter.diffusion.mask_token_id) {
+      drafts = std::make_unique<DiffusionDrafter>(
+          options.spec_drafter, *drafter.diffusion.mask_token_id, DrafterCapacity(config, drafter));
+    } else {
+      drafts = std::make_unique<InProcessArDrafter>(options.spec_drafter,
+                                                    DrafterCapacity(config, drafter));
+    }
+    return std::make_unique<SimSdMode>(std::move(simsd), std::move(drafts), config.vocab_size,
+                                       config.max_position_embeddings);
   }
   if (name == "self_spec") {
     TANDEM_RETURN_IF_ERROR(CheckDiffusionPathway(name, config, options.self_spec_draft_len));

@@ -14,6 +14,7 @@
 namespace tandem {
 
 class DFlashModel;
+class Drafter;
 class Transformer;
 
 // Knobs of every mode; each mode reads its own and ignores the rest.
@@ -62,6 +63,26 @@ std::vector<std::string> ImplementedModes();
 // when the target has no diffusion pathway or the options are out of range.
 absl::StatusOr<SimSdOptions> MakeSimSdOptions(const ModeOptions& options,
                                               const ModelConfig& config);
+
+// How a mode drafts, for a driver that supplies the drafter itself (the engine's drafter
+// sessions): `uses_drafter` is false for modes without a separate drafter.
+struct DraftingNeeds {
+  bool uses_drafter = false;
+  int gamma = 0;             // the most drafts a step verifies
+  bool fixed_gamma = false;  // the mode's layout fixes γ (no adaptive choice per step)
+  int block_size = 0;        // > 0: block drafts of this many slots (Drafter::DraftBlock)
+};
+
+// Whether mode `name` drafts with a separate drafter (cheap, never fails).
+bool UsesDrafter(std::string_view name);
+// The drafting needs of mode `name` under `options`; InvalidArgument when its options are out of
+// range (as CreateMode would say).
+absl::StatusOr<DraftingNeeds> DraftingNeedsOf(std::string_view name, const ModeOptions& options,
+                                              const ModelConfig& config);
+// A mode that UsesDrafter, drafting with `drafter` instead of a drafter model of the options.
+absl::StatusOr<std::unique_ptr<DecodingMode>> CreateModeWithDrafter(
+    std::string_view name, const ModeOptions& options, const ModelConfig& config,
+    std::unique_ptr<Drafter> drafter);
 
 // InvalidArgument for an unknown mode or options/sampling the mode cannot honour.
 absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,

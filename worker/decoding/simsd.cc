@@ -1,7 +1,6 @@
 #include "worker/decoding/simsd.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -50,12 +49,6 @@ int SimSdMode::FinishedLength() const {
   return static_cast<int>(block_.size());
 }
 
-int SimSdMode::DecodedPrefix() const {
-  int d = 0;
-  while (d < static_cast<int>(masked_.size()) && !masked_[d]) ++d;
-  return d;
-}
-
 StepPlan SimSdMode::Plan(const DecodeState& state) {
   StepPlan plan;
   AppendPending(state, &plan);
@@ -73,59 +66,76 @@ StepPlan SimSdMode::Plan(const DecodeState& state) {
   draft_slots_.clear();
   asked_drafter_ = false;
   const int size = static_cast<int>(block_.size());
-  const int decoded = DecodedPrefix();
   const int remaining =
       static_cast<int>(std::count(masked_.begin(), masked_.end(), static_cast<uint8_t>(1)));
   const int gamma = std::min(options_.gamma, size);
-  // Drafts are left to right, so a speculative step needs the decoded slots to be a prefix.
-  if (remaining >= gamma && decoded == size - remaining) {
-    std::vector<int32_t> context(state.tokens.begin(), state.tokens.end());
-    context.insert(context.end(), block_.begin(), block_.begin() + decoded);
+  if (remaining >= gamma) {
+    // The drafter sees the block as it stands (decoded slots anywhere) and answers its drafts in
+    // its own decoding order: that order is the verification order.
+    std::vector<int32_t> block(size);
+    for (int s = 0; s < size; ++s) block[s] = masked_[s] ? kUndecodedSlot : block_[s];
     asked_drafter_ = true;
-    absl::StatusOr<std::vector<int32_t>> drafts = drafter_->Draft(context, gamma);
-    if (drafts.ok()) {
-      for (int32_t token : *drafts) {
-        if (static_cast<int>(drafts_.size()) == gamma) break;
+    absl::StatusOr<BlockDraft> draft = drafter_->DraftBlock(state.tokens, block, gamma);
+    if (draft.ok()) {
+      // Drafts stop at the first entry that is no draft of an undecoded slot of this block.
+      const int n = std::min(draft->size(), static_cast<int>(draft->slots.size()));
+      std::vector<uint8_t> taken(size, 0);
+      for (int r = 0; r < n && static_cast<int>(drafts_.size()) < gamma; ++r) {
+        const int32_t slot = draft->slots[r];
+        const int32_t token = draft->tokens[r];
+        if (slot < 0 || slot >= size || !masked_[slot] || taken[slot]) break;
         if (token < 0 || token >= vocab_size_ || token == options_.mask_token) break;
+        taken[slot] = 1;
         drafts_.push_back(token);
-        draft_slots_.push_back(decoded + static_cast<int>(drafts_.size()) - 1);
+        draft_slots_.push_back(slot);
       }
     } else {
       ++stats_.drafter_failures;
-      stats_.last_drafter_error = drafts.status();
+      stats_.last_drafter_error = draft.status();
     }
   }
   if (drafts_.empty()) {
     PlanCompletion(pending, &plan);
   } else {
-    PlanSpeculative(pending, drafts_, &plan);
+    PlanSpeculative(pending, &plan);
   }
   return plan;
 }
 
-void SimSdMode::PlanSpeculative(int pending, std::span<const int32_t> drafts, StepPlan* plan) {
+void SimSdMode::PlanSpeculative(int pending, StepPlan* plan) {
   const int size = static_cast<int>(block_.size());
-  const int decoded = DecodedPrefix();
-  const int g = static_cast<int>(drafts.size());
-  auto label = [&](int slot) { return slot < decoded ? 0 : std::min(slot - decoded + 1, g + 1); };
+  const int g = static_cast<int>(drafts_.size());
+  // Temporal labels: decoded before this step 0, draft r (1-based) r, undrafted g + 1.
+  std::vector<int> label(size, g + 1);
+  for (int s = 0; s < size; ++s) {
+    if (!masked_[s]) label[s] = 0;
+  }
+  for (int r = 0; r < g; ++r) label[draft_slots_[r]] = r + 1;
   struct Row {
     int slot;
     bool data;
   };
   std::vector<Row> rows;
-  // Data section: the decoded slots and the drafts (the reference tokens).
-  for (int s = 0; s < decoded + g; ++s) {
-    rows.push_back({s, true});
-    plan->tokens.push_back(s < decoded ? block_[s] : drafts[s - decoded]);
-    plan->positions.push_back(block_start_ + s);
+  // Data section: the decoded slots in slot order, then the drafts in draft order (the
+  // reference tokens).
+  for (int s = 0; s < size; ++s) {
+    if (!masked_[s]) rows.push_back({s, true});
   }
-  // Mask section: every undecoded slot, at its data slot's RoPE position (RoPE copy).
-  // Decoded-before slots need no mask row: no row of this step may see it (eq. 1 with τ = 0).
-  for (int s = decoded; s < size; ++s) {
-    rows.push_back({s, false});
-    plan->tokens.push_back(options_.mask_token);
-    plan->positions.push_back(block_start_ + s);
+  const int decoded = static_cast<int>(rows.size());
+  for (int r = 0; r < g; ++r) rows.push_back({draft_slots_[r], true});
+  // Mask section: the drafts' slots in draft order, then the undrafted slots in slot order,
+  // each at its data slot's RoPE position (RoPE copy). Decoded-before slots need no mask row:
+  // no row of this step may see it (eq. 1 with τ = 0).
+  for (int r = 0; r < g; ++r) rows.push_back({draft_slots_[r], false});
+  for (int s = 0; s < size; ++s) {
+    if (label[s] == g + 1) rows.push_back({s, false});
   }
+  for (const Row& row : rows) {
+    plan->tokens.push_back(row.data ? block_[row.slot] : options_.mask_token);
+    plan->positions.push_back(block_start_ + row.slot);
+  }
+  // The drafts' data rows hold the drafts, not the (masked) slots.
+  for (int r = 0; r < g; ++r) plan->tokens[pending + decoded + r] = drafts_[r];
   const int n = pending + static_cast<int>(rows.size());
   plan->visible = Visibility::Explicit(n);
   for (int i = 0; i < pending; ++i) {
@@ -134,9 +144,9 @@ void SimSdMode::PlanSpeculative(int pending, std::span<const int32_t> drafts, St
   for (size_t a = 0; a < rows.size(); ++a) {
     const int i = pending + static_cast<int>(a);
     for (int j = 0; j < pending; ++j) plan->visible.Allow(i, j);
-    const int ta = label(rows[a].slot);
+    const int ta = label[rows[a].slot];
     for (size_t b = 0; b < rows.size(); ++b) {
-      const int tb = label(rows[b].slot);
+      const int tb = label[rows[b].slot];
       bool sees = false;
       if (rows[a].data) {
         sees = rows[b].data ? tb <= ta : tb > ta;
@@ -146,7 +156,7 @@ void SimSdMode::PlanSpeculative(int pending, std::span<const int32_t> drafts, St
       if (sees) plan->visible.Allow(i, pending + static_cast<int>(b));
     }
   }
-  // The drafts' mask rows, in draft order: mask rows start after the decoded + g data rows.
+  // The drafts' mask rows, in draft order: the mask section starts after the data section.
   for (int r = 0; r < g; ++r) plan->outputs.push_back(pending + decoded + g + r);
 }
 
@@ -239,16 +249,8 @@ absl::StatusOr<StepResult> SimSdMode::ConsumeCompletion(const DecodeState& state
   float best_confidence = -1.0f;
   std::vector<std::pair<int, float>> confidences;
   for (size_t r = 0; r < plan.outputs.size(); ++r) {
-    const std::span<const float> logits = LogitsRow(out, static_cast<int>(r), vocab_size_);
-    float top = -std::numeric_limits<float>::infinity();
-    for (int v = 0; v < vocab_size_; ++v) {
-      if (v != options_.mask_token) top = std::max(top, logits[v]);
-    }
-    double sum = 0;
-    for (int v = 0; v < vocab_size_; ++v) {
-      if (v != options_.mask_token) sum += std::exp(static_cast<double>(logits[v]) - top);
-    }
-    const auto confidence = static_cast<float>(1.0 / sum);
+    const float confidence =
+        SlotConfidence(LogitsRow(out, static_cast<int>(r), vocab_size_), options_.mask_token);
     confidences.emplace_back(static_cast<int>(r), confidence);
     if (confidence > best_confidence) {
       best_confidence = confidence;

@@ -4,21 +4,24 @@
 //
 // The target decodes block by block like `diffusion` (NLD §3.2): a block of `block_size`
 // positions starts masked and its tokens join the sequence once every slot is decoded. Within
-// a block, while R >= γ positions remain undecoded (and the decoded ones are a prefix), a step
-// is SPECULATIVE (§3.2):
+// a block, while R >= γ positions remain undecoded, a step is SPECULATIVE (§3.2):
 //
-//   drafts    x̂_1 .. x̂_γ = drafter.Draft(tokens + decoded prefix, γ): greedy, left to right,
-//             so the draft-induced order o_r is the r-th undecoded slot.
-//   labels    temporal step τ per slot: decoded-before slots 0, draft r gets r, the slots left
+//   drafts    (o_1, x̂_1) .. (o_γ, x̂_γ) = drafter.DraftBlock(tokens, block state, γ): draft r is
+//             token x̂_r for undecoded slot o_r, in the drafter's decoding order (the
+//             draft-induced order; a block-diffusion drafter unmasks its most confident slot per
+//             draft step, an AR drafter answers the slots after a decoded prefix left to right).
+//             Decoded slots need not be a prefix: the drafter sees the block as it stands.
+//   labels    temporal step τ per slot: decoded-before slots 0, slot o_r gets r, the slots left
 //             undrafted γ + 1 (masked through the whole step).
-//   extend    [pending | data: decoded slots, drafts | masks: drafts, undrafted slots]
+//   extend    [pending | data: decoded slots (slot order), x̂_1..x̂_γ | masks: o_1..o_γ,
+//             undrafted slots (slot order)]
 //             data and mask of one slot share its RoPE position (RoPE copy). Among the block's
 //             rows (eq. 1): data a sees data b iff τ(b) <= τ(a) and mask b iff τ(b) > τ(a);
 //             mask a sees data b iff τ(b) < τ(a) and mask b iff τ(b) >= τ(a). Every block row
 //             sees the committed prefix and the pending tokens; pending rows are causal.
 //   outputs   the drafts' mask slots: row r is p^(r), the target's prediction of slot o_r in
-//             the block state of denoising step r (decoded slots and x̂_1..x̂_{r-1} as tokens,
-//             the rest masked).
+//             the block state of denoising step r (decoded slots and x̂_1..x̂_{r-1} at
+//             o_1..o_{r-1} as tokens, the rest masked).
 //   verify    eq. 2 along the draft order with a point-mass q (VerifyDraft: accept x̂_r with
 //             probability p^(r)(x̂_r); greedy: iff it is the argmax); at the first rejection slot
 //             o_r takes the resampled token (greedy: the argmax) and the rest are dropped. All
@@ -27,8 +30,9 @@
 // Otherwise (R < γ, no drafts, or a drafter error) the step is a COMPLETION step: one vanilla
 // block-diffusion forward (block rows see every slot of the block), unmasking each slot whose
 // top-1 probability reaches `threshold` (at least the most confident one) — the target
-// completes the block itself. With γ = block_size (the default) a block takes one speculative
-// step and, unless every draft is accepted, completion steps for the rest.
+// completes the block itself, whichever slots are decoded. With γ = block_size (the default) a
+// block takes one speculative step and, unless every draft is accepted, completion steps for
+// the rest.
 //
 // What is exact: each verification slot's DIRECT attention (its visible set of (token,
 // position) entries) equals that of the sequential denoising step it stands for. Deeper layers
@@ -89,13 +93,17 @@ class SimSdMode : public DecodingMode {
   // Whether the last Plan asked the drafter (a speculative step was due), drafts or not.
   bool asked_drafter() const { return asked_drafter_; }
   const Drafter& drafter() const { return *drafter_; }
+  const DrafterStats* drafter_stats() const override { return &drafter_->stats(); }
+  // Completion steps draft nothing by design.
+  bool last_plan_wanted_drafts() const override { return asked_drafter_; }
+  // Lossy: other drafts give other text, not just another speed.
+  bool drafts_decide_output() const override { return true; }
 
  private:
   bool IsEos(int32_t token) const;
   int FinishedLength() const;
-  // Leading decoded slots of the block.
-  int DecodedPrefix() const;
-  void PlanSpeculative(int pending, std::span<const int32_t> drafts, StepPlan* plan);
+  // The verification layout of drafts_ / draft_slots_.
+  void PlanSpeculative(int pending, StepPlan* plan);
   void PlanCompletion(int pending, StepPlan* plan);
   absl::StatusOr<StepResult> ConsumeSpeculative(const DecodeState& state, const ExtendOutput& out,
                                                 StepResult result);

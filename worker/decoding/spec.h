@@ -63,6 +63,7 @@ class SpecMode : public DecodingMode {
 
   const SpecStats& stats() const { return stats_; }
   const Drafter& drafter() const { return *drafter_; }
+  const DrafterStats* drafter_stats() const override { return &drafter_->stats(); }
 
  private:
   // Gives the drafter the target's hidden rows of the first `kept` plan tokens.

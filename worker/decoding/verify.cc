@@ -1,6 +1,26 @@
 #include "worker/decoding/verify.h"
 
+#include <cmath>
+#include <limits>
+
 namespace tandem {
+
+float SlotConfidence(std::span<const float> logits, int32_t mask_token, int32_t* top) {
+  int32_t best = -1;
+  float max = -std::numeric_limits<float>::infinity();
+  for (int v = 0; v < static_cast<int>(logits.size()); ++v) {
+    if (v != mask_token && (best < 0 || logits[v] > max)) {
+      max = logits[v];
+      best = v;
+    }
+  }
+  double sum = 0;
+  for (int v = 0; v < static_cast<int>(logits.size()); ++v) {
+    if (v != mask_token) sum += std::exp(static_cast<double>(logits[v]) - max);
+  }
+  if (top != nullptr) *top = best;
+  return sum > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+}
 
 int32_t VerifyDraft(std::span<const float> logits, int32_t draft, const SamplingParams& sampling,
                     uint64_t index, bool* accepted, std::vector<float>* scratch) {

@@ -20,6 +20,10 @@ namespace tandem {
 int32_t VerifyDraft(std::span<const float> logits, int32_t draft, const SamplingParams& sampling,
                     uint64_t index, bool* accepted, std::vector<float>* scratch);
 
+// A masked diffusion slot's confidence: the top-1 probability of softmax(logits) over every token
+// but `mask_token` (<|mask|> is never a prediction); that token goes to `*top` when not null.
+float SlotConfidence(std::span<const float> logits, int32_t mask_token, int32_t* top = nullptr);
+
 // The plan of that verify pass: the pending tokens followed by `drafts` at the next indices,
 // causal, with outputs from the last pending token on (row j: the distribution at draft j).
 StepPlan PlanDraftRun(const DecodeState& state, std::span<const int32_t> drafts);

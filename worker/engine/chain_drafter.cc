@@ -14,6 +14,19 @@ void DraftChainBuffer::Merge(DraftChain chain, std::span<const int32_t> sequence
     return;
   }
   if (chain.from < 0) return;  // malformed: ignore rather than draft from garbage
+  if (!chain.slots.empty() || !slots.empty()) {
+    // A block draft replaces and is replaced; one with a slot count that does not match its
+    // tokens is malformed and dropped (no drafts rather than drafts from garbage).
+    from = chain.from;
+    if (chain.slots.size() != chain.tokens.size()) {
+      tokens.clear();
+      slots.clear();
+      return;
+    }
+    tokens = std::move(chain.tokens);
+    slots = std::move(chain.slots);
+    return;
+  }
   const int end = from + static_cast<int>(tokens.size());
   bool agrees = true;
   for (int i = from; i < std::min(end, static_cast<int>(sequence.size())); ++i) {
@@ -33,11 +46,54 @@ void DraftChainBuffer::Merge(DraftChain chain, std::span<const int32_t> sequence
 std::span<const int32_t> DraftChainBuffer::Usable(std::span<const int32_t> seq) const {
   const int t = static_cast<int>(seq.size());
   const int end = from + static_cast<int>(tokens.size());
-  if (!enabled || from > t || end <= t) return {};
+  if (!enabled || !slots.empty() || from > t || end <= t) return {};
   for (int i = from; i < t; ++i) {
     if (tokens[i - from] != seq[i]) return {};
   }
   return std::span<const int32_t>(tokens).subspan(t - from);
+}
+
+int DraftChainBuffer::Available(std::span<const int32_t> seq) const {
+  if (slots.empty()) return static_cast<int>(Usable(seq).size());
+  return enabled && from == static_cast<int>(seq.size()) ? static_cast<int>(slots.size()) : 0;
+}
+
+absl::StatusOr<BlockDraft> ChainDrafter::DraftBlock(std::span<const int32_t> tokens,
+                                                    std::span<const int32_t> block, int gamma) {
+  if (buffer_->slots.empty()) return Drafter::DraftBlock(tokens, block, gamma);
+  ++stats_.calls;
+  if (limit_ >= 0) gamma = std::min(gamma, limit_);
+  if (limit_ == 0) return BlockDraft();
+  if (!buffer_->enabled) {
+    return absl::UnavailableError(
+        absl::StrCat("drafting is off for this sequence: ", buffer_->error.ToString()));
+  }
+  if (buffer_->from != static_cast<int>(tokens.size())) {
+    return absl::UnavailableError(
+        absl::StrCat("no block draft for the block at sequence index ", tokens.size(), " yet"));
+  }
+  const int size = static_cast<int>(block.size());
+  const int decoded =
+      size - static_cast<int>(std::count(block.begin(), block.end(), kUndecodedSlot));
+  const int n = static_cast<int>(buffer_->slots.size());
+  if (decoded >= n) {
+    return absl::UnavailableError("the block draft has no entry past the decoded slots");
+  }
+  for (int r = 0; r < decoded; ++r) {
+    const int32_t slot = buffer_->slots[r];
+    if (slot < 0 || slot >= size || block[slot] != buffer_->tokens[r]) {
+      return absl::UnavailableError(
+          "the block draft disagrees with the block's decoded slots (the drafter would draft "
+          "the rest from another state)");
+    }
+  }
+  BlockDraft draft;
+  for (int r = decoded; r < n && draft.size() < gamma; ++r) {
+    draft.slots.push_back(buffer_->slots[r]);
+    draft.tokens.push_back(buffer_->tokens[r]);
+  }
+  stats_.drafted += draft.size();
+  return draft;
 }
 
 absl::StatusOr<std::vector<int32_t>> ChainDrafter::Draft(std::span<const int32_t> tokens,

@@ -16,10 +16,13 @@
 
 namespace tandem {
 
-// The latest draft chain of one sequence: tokens for sequence indices [from, from + size).
+// The latest draft chain of one sequence: tokens for sequence indices [from, from + size), or a
+// block draft (`slots` not empty): tokens[r] for slot slots[r] of the block starting at `from`,
+// in the drafter's decoding order.
 struct DraftChainBuffer {
   int from = 0;
   std::vector<int32_t> tokens;
+  std::vector<int32_t> slots;
   // Off after a chain with an error or a broken channel: the sequence decodes by AR steps.
   bool enabled = true;
   absl::Status error;
@@ -27,20 +30,30 @@ struct DraftChainBuffer {
   // A chain starting where this one ends extends it, unless this one already disagrees with
   // `sequence` (the sequence's tokens now): a drafter that drafted from a rejected draft's
   // position starts where the old chain ends, but means a new chain. Any other chain replaces
-  // it. An error turns drafting off.
+  // it. A block draft always replaces, and is always replaced. An error turns drafting off.
   void Merge(DraftChain chain, std::span<const int32_t> sequence);
   // Draft tokens usable after `tokens`: the chain must agree with `tokens` on
   // [from, tokens.size()); then the chain's tokens past tokens.size() are drafts.
+  // Left-to-right chains only (empty for a block draft).
   std::span<const int32_t> Usable(std::span<const int32_t> tokens) const;
+  // Drafts available for the step after `tokens`: Usable(tokens).size(), or for a block draft
+  // its size when its block starts at tokens.size() (else 0).
+  int Available(std::span<const int32_t> tokens) const;
 };
 
-// Serves SpecMode from a DraftChainBuffer that outlives it. An error when the chain holds no
-// usable draft (SpecMode then takes an AR step).
+// Serves SpecMode (Draft) and SimSdMode (DraftBlock) from a DraftChainBuffer that outlives it.
+// An error when the chain holds no usable draft (SpecMode then takes an AR step, SimSdMode a
+// completion step). DraftBlock from a block draft: the block must start at the sequence's end
+// and the draft's first k entries must be exactly the block's k decoded slots with their
+// tokens (the drafter's own path so far, which its later entries continue); it answers the
+// entries after them. From a left-to-right chain it drafts as Drafter::DraftBlock does.
 class ChainDrafter : public Drafter {
  public:
   explicit ChainDrafter(const DraftChainBuffer* buffer) : buffer_(buffer) {}
 
   absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t> tokens, int gamma) override;
+  absl::StatusOr<BlockDraft> DraftBlock(std::span<const int32_t> tokens,
+                                        std::span<const int32_t> block, int gamma) override;
   const DrafterStats& stats() const override { return stats_; }
   // At most `limit` drafts per call from now on (the engine's γ for the step); 0 answers no
   // drafts without an error, so that SpecMode takes an AR step by choice. < 0 = no limit.

@@ -20,11 +20,14 @@ namespace tandem {
 // Draft tokens for sequence indices [from, from + tokens.size()) of one session. A chain whose
 // `from` equals the end of the session's previous chain extends it; any other replaces it. A
 // non-OK `error` ends the session's drafting (its sequence continues without drafts).
+// A block draft (`slots` not empty, one per token) is for the block starting at `from`:
+// tokens[r] is for slot slots[r], in the drafter's decoding order; it always replaces.
 struct DraftChain {
   uint64_t session = 0;
   int from = 0;
   std::vector<int32_t> tokens;
   absl::Status error;
+  std::vector<int32_t> slots;
 };
 
 // Target hidden states of consecutive tokens of one session, for drafters conditioned on them
@@ -62,13 +65,18 @@ class DraftChannel {
   // None of these block on the network. An error means the channel is broken; chains with an
   // error follow for every open session. `hidden` carries the target's hidden states of the
   // layers hidden_layers() names for tokens whose KV became final (see drafter.proto); it is
-  // empty unless the drafter asked for layers.
+  // empty unless the drafter asked for layers. `block_size` > 0 asks for block drafts of blocks
+  // of that many slots after the tokens (see drafter.proto, DraftOpen.block_size).
   virtual absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
-                            const HiddenRows& hidden) = 0;
+                            const HiddenRows& hidden, int block_size) = 0;
   virtual absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append,
                                int gamma, const HiddenRows& hidden) = 0;
   absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma) {
-    return Open(session, tokens, gamma, HiddenRows{});
+    return Open(session, tokens, gamma, HiddenRows{}, 0);
+  }
+  absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
+                    const HiddenRows& hidden) {
+    return Open(session, tokens, gamma, hidden, 0);
   }
   absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append, int gamma) {
     return Advance(session, offset, append, gamma, HiddenRows{});

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/decoding/diffusion_drafter.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/sampling/sampling.h"
 
@@ -24,6 +25,7 @@ struct DraftEngine::Message {
   ChainSink sink;               // kAddStream
   absl::Status error;           // kReject
   HiddenRows hidden;            // kOpen, kAdvance
+  int block_size = 0;           // kOpen
 };
 
 struct DraftEngine::Session {
@@ -49,6 +51,10 @@ struct DraftEngine::Session {
   // session's last block.
   DFlashContext dflash;
   bool dflash_due = false;
+  // Block drafts: the block size (0 = greedy chains) and whether the tokens changed since the
+  // session's last block draft.
+  int block_size = 0;
+  bool block_due = false;
 
   int chain_len() const { return static_cast<int>(tokens.size()) - final_len; }
 };
@@ -68,6 +74,10 @@ class DraftEngine::Loop {
     const int context = model->config().max_position_embeddings;
     max_len_ = static_cast<int>(std::min<int64_t>(
         options.kv_tokens, context > 0 ? context : std::numeric_limits<int>::max()));
+    if (options.dflash == nullptr && model->config().diffusion.mask_token_id) {
+      block_drafter_ = std::make_unique<DiffusionDrafter>(
+          model, *model->config().diffusion.mask_token_id, max_len_);
+    }
   }
 
   void Handle(Message m) {
@@ -79,7 +89,7 @@ class DraftEngine::Loop {
         RemoveStream(m.stream);
         break;
       case Message::Kind::kOpen:
-        Open(m.stream, m.session, std::move(m.tokens), m.gamma, m.hidden);
+        Open(m.stream, m.session, std::move(m.tokens), m.gamma, m.hidden, m.block_size);
         break;
       case Message::Kind::kAdvance:
         Advance(m.stream, m.session, m.offset, m.tokens, m.gamma, m.hidden);
@@ -119,6 +129,7 @@ class DraftEngine::Loop {
 
   bool CanExtend(const Session& s) const { return static_cast<int>(s.tokens.size()) < max_len_; }
   bool NeedsWork(const Session& s) const {
+    if (s.block_size > 0) return s.block_due;
     if (options_.dflash != nullptr) return s.dflash_due;
     return CanExtend(s) && s.chain_len() < 2 * s.gamma + 1;
   }
@@ -231,7 +242,7 @@ class DraftEngine::Loop {
   }
 
   void Open(uint64_t stream, uint64_t id, std::vector<int32_t> tokens, int gamma,
-            const HiddenRows& hidden) {
+            const HiddenRows& hidden, int block_size) {
     if (!sinks_.contains(stream)) return;  // the stream is gone
     if (sessions_.contains({stream, id})) {
       Fail(stream, id, 0,
@@ -248,6 +259,12 @@ class DraftEngine::Loop {
       Fail(stream, id, 0,
            absl::InvalidArgumentError(
                absl::StrCat("open of session ", id, " asks for gamma ", gamma, "; must be >= 1")));
+      return;
+    }
+    if (block_size < 0) {
+      Fail(stream, id, 0,
+           absl::InvalidArgumentError(absl::StrCat("open of session ", id, " asks for block size ",
+                                                   block_size, "; must be >= 0")));
       return;
     }
     if (absl::Status s = CheckVocabulary(tokens); !s.ok()) {
@@ -276,6 +293,11 @@ class DraftEngine::Loop {
       Fail(stream, id, 0, st);
       return;
     }
+    if (block_drafter_ != nullptr && block_size > 0) {
+      s.block_size = block_size;
+      s.block_due = true;
+      return;
+    }
     if (options_.dflash != nullptr) {
       s.dflash_due = true;
       return;
@@ -302,6 +324,8 @@ class DraftEngine::Loop {
 
   // The DFlash path: one block per session whose tokens or rows changed.
   void DFlashStep();
+  // Block drafts of the sessions that are due.
+  void BlockStep();
 
   void Advance(uint64_t stream, uint64_t id, int offset, std::span<const int32_t> append, int gamma,
                const HiddenRows& hidden) {
@@ -340,6 +364,14 @@ class DraftEngine::Loop {
     }
     if (absl::Status st = RecordHidden(s, hidden); !st.ok()) {
       Fail(stream, id, offset, st);
+      return;
+    }
+    if (s.block_size > 0) {
+      // The next block starts after the new final tokens; its draft replaces the old one.
+      if (gamma > 0) s.gamma = gamma;
+      s.tokens.insert(s.tokens.end(), append.begin(), append.end());
+      s.final_len = static_cast<int>(s.tokens.size());
+      if (!append.empty()) s.block_due = true;
       return;
     }
     if (options_.dflash != nullptr) {
@@ -421,7 +453,45 @@ class DraftEngine::Loop {
   std::map<uint64_t, ChainSink> sinks_;
   std::map<Key, Session> sessions_;  // ordered: a stream's sessions are one range
   DraftEngineStats stats_;
+  std::unique_ptr<DiffusionDrafter> block_drafter_;  // null without a diffusion pathway
 };
+
+void DraftEngine::Loop::BlockStep() {
+  for (auto& [key, s] : sessions_) {
+    if (s.block_size <= 0 || !s.block_due) continue;
+    s.block_due = false;
+    const int size = std::min(s.block_size, max_len_ - s.final_len);
+    if (size <= 0) continue;  // the context ends at the block start: nothing to draft
+    const auto start = std::chrono::steady_clock::now();
+    const DrafterStats before = block_drafter_->stats();
+    absl::StatusOr<BlockDraft> draft =
+        block_drafter_->DraftBlock(std::span<const int32_t>(s.tokens).first(s.final_len),
+                                   std::vector<int32_t>(size, kUndecodedSlot), size);
+    const DrafterStats& after = block_drafter_->stats();
+    stats_.forwards += after.forwards - before.forwards;
+    stats_.fed_tokens += after.fed_tokens - before.fed_tokens;
+    ++step_;
+    if (!draft.ok()) {
+      Fail(s.stream, s.id, s.final_len,
+           absl::InternalError(absl::StrCat("block draft failed: ", draft.status().message())));
+      return;  // `sessions_` changed; the rest wait for the next step
+    }
+    s.last_served = step_;
+    stats_.drafted_tokens += draft->size();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (options_.observer != nullptr) {
+      options_.observer->OnStep(seconds, static_cast<int>(after.fed_tokens - before.fed_tokens));
+    }
+    DraftChain chain{.session = s.id,
+                     .from = s.final_len,
+                     .tokens = std::move(draft->tokens),
+                     .slots = std::move(draft->slots)};
+    s.sent_end = -1;
+    s.client_end = -1;
+    Send(s.stream, std::move(chain));
+  }
+}
 
 void DraftEngine::Loop::DFlashStep() {
   const DFlashConfig& config = options_.dflash->config();
@@ -462,6 +532,7 @@ void DraftEngine::Loop::DFlashStep() {
 }
 
 void DraftEngine::Loop::Step() {
+  if (block_drafter_ != nullptr) BlockStep();
   if (options_.dflash != nullptr) {
     DFlashStep();
     return;
@@ -647,13 +718,14 @@ void DraftEngine::RemoveStream(uint64_t stream) {
 }
 
 void DraftEngine::Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma,
-                       HiddenRows hidden) {
+                       HiddenRows hidden, int block_size) {
   Post(Message{.kind = Message::Kind::kOpen,
                .stream = stream,
                .session = session,
                .gamma = gamma,
                .tokens = std::move(tokens),
-               .hidden = std::move(hidden)});
+               .hidden = std::move(hidden),
+               .block_size = block_size});
 }
 
 void DraftEngine::Advance(uint64_t stream, uint64_t session, int offset,

@@ -32,6 +32,14 @@
 // that its sequence takes AR steps without waiting for drafts. There is no AR KV cache and no
 // batching across sessions in this path.
 //
+// Block drafts: a session opened with a block size (a `simsd` verifier) gets, after its Open and
+// after every Advance that brought tokens, one block draft instead of a greedy chain when the
+// model has a block-diffusion pathway (a <|mask|> token): DiffusionDrafter denoises a block of
+// that many masks after the final tokens in its own order (one forward per slot), and the chain
+// carries every slot of the block with its slot order (DraftChain.slots). These sessions share
+// one drafter and its one-sequence cache (no batching, no AR KV); without the pathway the block
+// size is ignored and the session gets greedy chains.
+//
 // Batching: sessions whose verifier waits for a chain go first, then the least recently
 // served, within a token budget per forward (long prefills are fed in chunks).
 //
@@ -120,8 +128,9 @@ class DraftEngine {
   // the session with an error chain; they never affect other sessions.
   // `hidden`: the rows that became final since the session's last message (none by default);
   // a wrong shape, a gap or a repeat, or rows nobody asked for end the session.
+  // `block_size` > 0 asks for block drafts (see above).
   void Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma,
-            HiddenRows hidden = {});
+            HiddenRows hidden = {}, int block_size = 0);
   void Advance(uint64_t stream, uint64_t session, int offset, std::vector<int32_t> append,
                int gamma, HiddenRows hidden = {});
   void Close(uint64_t stream, uint64_t session);

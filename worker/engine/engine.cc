@@ -13,8 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "worker/decoding/simsd.h"
-#include "worker/decoding/spec.h"
+#include "worker/decoding/modes.h"
 #include "worker/engine/engine_impl.h"
 
 namespace tandem {
@@ -34,9 +33,7 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> Engine::Impl::MakeMode(const std::
                                                                      const SequenceRequest& request,
                                                                      EngineSequence* seq) const {
   const ModelConfig& config = model_->model->config();
-  if (name != "spec" && name != "simsd") {
-    return CreateMode(name, request.mode_options, config, request.sampling);
-  }
+  if (!UsesDrafter(name)) return CreateMode(name, request.mode_options, config, request.sampling);
   const std::string address = request.drafter.empty() ? options_.default_drafter : request.drafter;
   if (!drafters_ || address.empty()) {
     return absl::InvalidArgumentError(
@@ -44,35 +41,19 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> Engine::Impl::MakeMode(const std::
                      " needs a drafter: name one in the request or start the verifier with a "
                      "default drafter address"));
   }
-  if (name == "simsd") {
-    // The drafter session drafts γ greedy tokens past the sequence (= the block start: a
-    // block's tokens join the sequence when it is finished). γ is fixed: the block layout, not
-    // the engine's cost model, decides how many drafts a step verifies.
-    TANDEM_ASSIGN_OR_RETURN(SimSdOptions simsd, MakeSimSdOptions(request.mode_options, config));
-    seq->spec = true;
-    seq->drafter_address = address;
-    seq->gamma = simsd.gamma;
-    seq->step_gamma = simsd.gamma;
-    seq->gamma_pinned = true;
-    auto drafter = std::make_unique<ChainDrafter>(&seq->chain);
-    seq->drafter = drafter.get();
-    return std::make_unique<SimSdMode>(std::move(simsd), std::move(drafter), config.vocab_size,
-                                       config.max_position_embeddings);
-  }
-  const int gamma = request.mode_options.spec_gamma;
-  if (gamma < 0 || gamma > kMaxSpecGamma) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec_gamma must be in [0, ", kMaxSpecGamma, "], got ", gamma));
-  }
+  // The drafter session drafts past the sequence; for block drafts (simsd) the sequence ends at
+  // the block start, since a block's tokens join the sequence when it is finished. A γ the
+  // mode's layout fixes is not the engine's cost model's to choose.
+  TANDEM_ASSIGN_OR_RETURN(DraftingNeeds needs, DraftingNeedsOf(name, request.mode_options, config));
   seq->spec = true;
   seq->drafter_address = address;
-  seq->gamma = gamma;
-  seq->step_gamma = gamma;
-  seq->gamma_pinned = request.spec_gamma_pinned || !options_.adaptive_gamma;
+  seq->gamma = needs.gamma;
+  seq->step_gamma = needs.gamma;
+  seq->gamma_pinned = needs.fixed_gamma || request.spec_gamma_pinned || !options_.adaptive_gamma;
+  seq->block_size = needs.block_size;
   auto drafter = std::make_unique<ChainDrafter>(&seq->chain);
   seq->drafter = drafter.get();
-  return std::make_unique<SpecMode>(gamma, std::move(drafter), config.vocab_size,
-                                    config.max_position_embeddings);
+  return CreateModeWithDrafter(name, request.mode_options, config, std::move(drafter));
 }
 
 absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
@@ -347,10 +328,8 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
                      static_cast<int>(seq->tokens.size()) < context_;
       if (seq->drafter != nullptr) seq->drafter->set_limit(seq->step_gamma);
       p.plan = seq->mode->Plan(p.state);
-      // simsd asks for drafts only at speculative steps; its completion steps are no fallback.
-      if (const auto* simsd = dynamic_cast<const SimSdMode*>(seq->mode.get())) {
-        p.draft_step = p.draft_step && simsd->asked_drafter();
-      }
+      // A step that drafts nothing by design (simsd's completion steps) is no fallback.
+      p.draft_step = p.draft_step && seq->mode->last_plan_wanted_drafts();
     }
     const int n = static_cast<int>(p.plan.tokens.size());
     bool placed = true;

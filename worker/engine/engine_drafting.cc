@@ -13,8 +13,9 @@ namespace {
 
 // Every this many steps of γ = 0 an adaptive spec sequence verifies one draft.
 constexpr int kAcceptanceProbeEvery = 8;
-// The longest a simsd sequence waits for its γ drafts (see WaitForChains).
-constexpr absl::Duration kSimSdDraftWait = absl::Seconds(5);
+// The longest a sequence whose drafts decide its output (simsd) waits for its γ drafts (see
+// WaitForChains).
+constexpr absl::Duration kExactDraftWait = absl::Seconds(5);
 
 }  // namespace
 
@@ -23,6 +24,7 @@ void Engine::Impl::DisableDrafting(EngineSequence& seq, absl::Status why) {
   seq.chain.enabled = false;
   seq.chain.error = std::move(why);
   seq.chain.tokens.clear();
+  seq.chain.slots.clear();
 }
 
 void Engine::Impl::OpenSessions(const std::vector<SeqPtr>& candidates) {
@@ -59,7 +61,8 @@ void Engine::Impl::OpenSessions(const std::vector<SeqPtr>& candidates) {
       }
     }
     if (!seq->session_open) continue;
-    absl::Status opened = channel->Open(seq->id, seq->tokens, seq->gamma);
+    absl::Status opened =
+        channel->Open(seq->id, seq->tokens, seq->gamma, HiddenRows{}, seq->block_size);
     if (!opened.ok()) DisableDrafting(*seq, opened);
   }
 }
@@ -124,28 +127,28 @@ void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
         DisableDrafting(*seq, absl::UnavailableError("the drafter's channel broke"));
         continue;
       }
-      // simsd's output depends on its drafts: a late or short chain would change the decode,
-      // not only its speed (a speculative step of fewer drafts, or a completion step). So it
-      // waits for γ drafts (blocks are full even when the budget ends inside one) and longer;
-      // a broken channel still ends the wait at once.
-      const bool simsd = seq->mode_name == "simsd";
+      // When the drafts decide the output (simsd), a late or short chain would change the
+      // decode, not only its speed (a speculative step of fewer drafts, or a completion step).
+      // So such a sequence waits for γ drafts (blocks are full even when the budget ends inside
+      // one) and longer; a broken channel still ends the wait at once.
+      const bool exact = seq->mode->drafts_decide_output();
       const int room = context_ - static_cast<int>(seq->tokens.size());
-      if (seq->step_gamma <= 0 || (!simsd && seq->budget() < 2) || room <= 0 ||
+      if (seq->step_gamma <= 0 || (!exact && seq->budget() < 2) || room <= 0 ||
           !ModePlansNext(*seq)) {
         continue;
       }
-      const int wanted = simsd ? std::min(seq->gamma, room) : 1;
-      if (static_cast<int>(seq->chain.Usable(seq->tokens).size()) >= wanted) continue;
+      const int wanted = exact ? std::min(seq->gamma, room) : 1;
+      if (seq->chain.Available(seq->tokens) >= wanted) continue;
       // A drafter conditioned on hidden states (DFlash) drafts once every token but the newest
       // has its rows; while the prompt's tail is still pending no chain is coming for these
       // tokens, so the step goes ahead without one.
-      if (!simsd && !seq->hidden_layers.empty() &&
+      if (!exact && !seq->hidden_layers.empty() &&
           static_cast<int>(seq->tokens.size()) - seq->hidden_sent > 1) {
         continue;
       }
       const absl::Time due =
           seq->last_advance +
-          (simsd ? std::max(options_.draft_timeout, kSimSdDraftWait) : options_.draft_timeout);
+          (exact ? std::max(options_.draft_timeout, kExactDraftWait) : options_.draft_timeout);
       if (due <= now) continue;
       waiting = true;
       earliest = std::min(earliest, due);

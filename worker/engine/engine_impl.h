@@ -65,6 +65,7 @@ struct EngineSequence {
   bool gamma_pinned = false;  // the request named γ: every step uses it
   int step_gamma = 0;         // this step's γ (gamma, or the engine's choice up to it)
   int undrafted_steps = 0;    // consecutive steps the engine chose γ = 0 for
+  int block_size = 0;         // > 0: the session asks for block drafts of this size (simsd)
   AcceptanceEstimate acceptance;
   ChainDrafter* drafter = nullptr;  // owned by `mode`
   DraftChainBuffer chain;

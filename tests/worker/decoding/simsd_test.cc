@@ -24,6 +24,7 @@
 #include "tests/worker/decoding/bundled_target.h"
 #include "tests/worker/decoding/distribution.h"
 #include "tests/worker/decoding/tiny_models.h"
+#include "worker/decoding/diffusion_drafter.h"
 #include "worker/decoding/drafter.h"
 #include "worker/decoding/modes.h"
 
@@ -52,6 +53,33 @@ class ScriptedDrafter : public Drafter {
 
  private:
   std::vector<std::vector<int32_t>> script_;
+  DrafterStats stats_;
+};
+
+// Answers fixed block drafts in its own slot order (one per call, the last one repeated) and
+// records the block states it was shown.
+class OrderedDrafter : public Drafter {
+ public:
+  explicit OrderedDrafter(std::vector<BlockDraft> script) : script_(std::move(script)) {}
+
+  absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t>, int) override {
+    return absl::InternalError("simsd asks for block drafts");
+  }
+  absl::StatusOr<BlockDraft> DraftBlock(std::span<const int32_t> tokens,
+                                        std::span<const int32_t> block, int gamma) override {
+    contexts.emplace_back(tokens.begin(), tokens.end());
+    blocks.emplace_back(block.begin(), block.end());
+    gammas.push_back(gamma);
+    return script_[std::min(blocks.size() - 1, script_.size() - 1)];
+  }
+  const DrafterStats& stats() const override { return stats_; }
+
+  std::vector<std::vector<int32_t>> contexts;
+  std::vector<std::vector<int32_t>> blocks;
+  std::vector<int> gammas;
+
+ private:
+  std::vector<BlockDraft> script_;
   DrafterStats stats_;
 };
 
@@ -85,6 +113,11 @@ struct Harness {
     scripted = drafter.get();
     mode = std::make_unique<SimSdMode>(std::move(options), std::move(drafter), kVocab, 0);
   }
+  Harness(SimSdOptions options, std::vector<BlockDraft> script) {
+    auto drafter = std::make_unique<OrderedDrafter>(std::move(script));
+    ordered = drafter.get();
+    mode = std::make_unique<SimSdMode>(std::move(options), std::move(drafter), kVocab, 0);
+  }
   // One step over `tokens` with `kv_len` committed; the logits rows' argmaxes are `answers`.
   StepResult Step(std::vector<int32_t>& tokens, int kv_len, const std::vector<int32_t>& answers,
                   StepPlan* plan_out = nullptr, int budget = 100) {
@@ -103,6 +136,7 @@ struct Harness {
 
   SamplingParams sampling;  // greedy
   ScriptedDrafter* scripted = nullptr;
+  OrderedDrafter* ordered = nullptr;
   std::unique_ptr<SimSdMode> mode;
 };
 
@@ -162,6 +196,73 @@ TEST(SimSdLayoutTest, DecodedSlotsAreStepZeroDataAndTheDrafterSeesThem) {
   // Both accepted: the block is finished and joins the sequence.
   EXPECT_EQ(r.accepted, 2);
   EXPECT_THAT(r.append, ElementsAre(10, 20, 13, 14));
+}
+
+TEST(SimSdLayoutTest, DraftInducedOrderSetsTheLabelsAndTheVerificationOrder) {
+  // B = 4, γ = 2, the drafter decodes slot 2 first, then slot 0. Labels: s2 -> 1, s0 -> 2,
+  // s1 and s3 undrafted -> 3.
+  Harness h(Options(4, 2), std::vector<BlockDraft>{{.slots = {2, 0}, .tokens = {10, 11}},
+                                                   {.slots = {3, 1}, .tokens = {13, 14}}});
+  std::vector<int32_t> tokens = {1, 2};
+  StepPlan plan;
+  StepResult r = h.Step(tokens, 0, {10, 20}, &plan);
+  EXPECT_THAT(h.ordered->blocks[0],
+              ElementsAre(kUndecodedSlot, kUndecodedSlot, kUndecodedSlot, kUndecodedSlot));
+  EXPECT_THAT(h.ordered->gammas, ElementsAre(2));
+  // [P0 P1 | D(s2) D(s0) | M(s2) M(s0) M(s1) M(s3)]: data and masks of the drafts in draft
+  // order, then the undrafted masks in slot order; each row at its slot's position.
+  EXPECT_THAT(plan.tokens, ElementsAre(1, 2, 10, 11, kMask, kMask, kMask, kMask));
+  EXPECT_THAT(plan.positions, ElementsAre(0, 1, 4, 2, 4, 2, 3, 5));
+  EXPECT_THAT(plan.outputs, ElementsAre(4, 5));
+  EXPECT_THAT(Seen(plan, 2), ElementsAre(0, 1, 2, 5, 6, 7));  // D(s2): itself, masks after 1
+  EXPECT_THAT(Seen(plan, 3), ElementsAre(0, 1, 2, 3, 6, 7));  // D(s0): D(s2), itself, s1, s3
+  EXPECT_THAT(Seen(plan, 4), ElementsAre(0, 1, 4, 5, 6, 7));  // M(s2): step 1, all masked
+  EXPECT_THAT(Seen(plan, 5), ElementsAre(0, 1, 2, 5, 6, 7));  // M(s0): step 2, s2 decoded
+  EXPECT_THAT(Seen(plan, 6), ElementsAre(0, 1, 2, 3, 6, 7));  // undrafted: both drafts
+  EXPECT_THAT(Seen(plan, 7), ElementsAre(0, 1, 2, 3, 6, 7));
+  // Slot 2 accepted, slot 0 rejected and corrected to 20: the decoded slots {0, 2} are no
+  // prefix of the block.
+  EXPECT_EQ(r.accepted, 1);
+  EXPECT_TRUE(r.append.empty());
+
+  // R = 2 >= γ: a second speculative step over the scattered decoded slots.
+  r = h.Step(tokens, 2, {13, 14}, &plan);
+  EXPECT_THAT(h.ordered->contexts[1], ElementsAre(1, 2));
+  EXPECT_THAT(h.ordered->blocks[1], ElementsAre(20, kUndecodedSlot, 10, kUndecodedSlot));
+  // [D(s0) D(s2) (τ 0) | D(s3) D(s1) (τ 1, 2) | M(s3) M(s1)]
+  EXPECT_THAT(plan.tokens, ElementsAre(20, 10, 13, 14, kMask, kMask));
+  EXPECT_THAT(plan.positions, ElementsAre(2, 4, 5, 3, 5, 3));
+  EXPECT_THAT(plan.outputs, ElementsAre(4, 5));
+  EXPECT_THAT(Seen(plan, 0), ElementsAre(0, 1, 4, 5));
+  EXPECT_THAT(Seen(plan, 1), ElementsAre(0, 1, 4, 5));
+  EXPECT_THAT(Seen(plan, 2), ElementsAre(0, 1, 2, 5));
+  EXPECT_THAT(Seen(plan, 3), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(Seen(plan, 4), ElementsAre(0, 1, 4, 5));  // step 1: decoded slots + two masks
+  EXPECT_THAT(Seen(plan, 5), ElementsAre(0, 1, 2, 5));  // step 2: + the draft at s3
+  EXPECT_EQ(r.accepted, 2);
+  EXPECT_THAT(r.append, ElementsAre(20, 14, 10, 13));
+}
+
+TEST(SimSdStepTest, ABlockDraftStopsAtItsFirstInvalidEntry) {
+  // Slot 1 twice: the second entry is no draft of an undecoded slot, so one draft is verified.
+  Harness h(Options(4, 3), std::vector<BlockDraft>{{.slots = {1, 1, 3}, .tokens = {10, 11, 12}}});
+  std::vector<int32_t> tokens = {1, 2};
+  StepPlan plan;
+  StepResult r = h.Step(tokens, 0, {10}, &plan);
+  EXPECT_EQ(r.drafted, 1);
+  EXPECT_EQ(r.accepted, 1);
+  EXPECT_THAT(plan.outputs, ElementsAre(3));  // [P0 P1 | D(s1) | M(s1) M(s0) M(s2) M(s3)]
+  EXPECT_THAT(plan.positions, ElementsAre(0, 1, 3, 3, 2, 4, 5));
+  // A slot outside the block, or a <|mask|> token, ends the drafts before they start: the
+  // target completes the block.
+  for (const BlockDraft& bad :
+       {BlockDraft{.slots = {4}, .tokens = {10}}, BlockDraft{.slots = {0}, .tokens = {kMask}}}) {
+    Harness g(Options(4, 1), std::vector<BlockDraft>{bad});
+    std::vector<int32_t> t = {1, 2};
+    StepResult c = g.Step(t, 0, {3, 4, 5, 6});
+    EXPECT_EQ(c.drafted, 0);
+    EXPECT_EQ(g.mode->stats().completion_steps, 1);
+  }
 }
 
 TEST(SimSdStepTest, TargetCompletesTheBlockWhenFewerThanGammaRemain) {
@@ -293,11 +394,11 @@ std::vector<std::vector<float>> DenoiseLogits(Transformer& model,
 
 // SimSD's decode spelled out sequentially: each draft is checked by its own denoising forward
 // over the block state of its step (decoded slots and earlier drafts as tokens, the rest
-// masked); blocks are completed by vanilla threshold steps. Greedy, no end-of-sequence.
-std::vector<int32_t> SequentialSimSd(Transformer& target, Transformer& drafter_model,
+// masked), in the drafter's order; blocks are completed by vanilla threshold steps. Greedy, no
+// end-of-sequence.
+std::vector<int32_t> SequentialSimSd(Transformer& target, Drafter& drafter,
                                      const std::vector<int32_t>& prompt, int block_size, int gamma,
                                      int32_t mask, float threshold, int max_tokens) {
-  InProcessArDrafter drafter(&drafter_model, 1024);
   std::vector<int32_t> tokens = prompt;
   auto argmax = [&](std::vector<float> row) {
     row[mask] = -std::numeric_limits<float>::infinity();
@@ -308,23 +409,26 @@ std::vector<int32_t> SequentialSimSd(Transformer& target, Transformer& drafter_m
     std::vector<bool> done(block_size, false);
     while (std::find(done.begin(), done.end(), false) != done.end()) {
       const int remaining = static_cast<int>(std::count(done.begin(), done.end(), false));
-      const int decoded = block_size - remaining;
-      std::vector<int32_t> drafts;
-      if (remaining >= gamma &&
-          std::all_of(done.begin(), done.begin() + decoded, [](bool d) { return d; })) {
-        std::vector<int32_t> context = tokens;
-        context.insert(context.end(), block.begin(), block.begin() + decoded);
-        drafts = *drafter.Draft(context, gamma);
+      BlockDraft draft;
+      if (remaining >= gamma) {
+        std::vector<int32_t> state(block_size);
+        for (int s = 0; s < block_size; ++s) state[s] = done[s] ? block[s] : kUndecodedSlot;
+        draft = *drafter.DraftBlock(tokens, state, gamma);
         // A <|mask|> draft ends the drafts, as in the mode.
-        drafts.erase(std::find(drafts.begin(), drafts.end(), mask), drafts.end());
+        for (int r = 0; r < draft.size(); ++r) {
+          if (draft.tokens[r] == mask) {
+            draft.tokens.resize(r);
+            draft.slots.resize(r);
+          }
+        }
       }
-      if (!drafts.empty()) {
-        for (size_t r = 0; r < drafts.size(); ++r) {
-          const int slot = decoded + static_cast<int>(r);
+      if (draft.size() > 0) {
+        for (int r = 0; r < draft.size(); ++r) {
+          const int slot = draft.slots[r];
           const int32_t best = argmax(DenoiseLogits(target, tokens, block, {slot})[0]);
           block[slot] = best;
           done[slot] = true;
-          if (best != drafts[r]) break;
+          if (best != draft.tokens[r]) break;
         }
         continue;
       }
@@ -357,6 +461,28 @@ std::vector<int32_t> SequentialSimSd(Transformer& target, Transformer& drafter_m
   return {tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()), tokens.end()};
 }
 
+// Passes block drafts through and counts those whose order is not left to right.
+class CountingDrafter : public Drafter {
+ public:
+  explicit CountingDrafter(std::unique_ptr<Drafter> inner) : inner_(std::move(inner)) {}
+
+  absl::StatusOr<std::vector<int32_t>> Draft(std::span<const int32_t> tokens, int gamma) override {
+    return inner_->Draft(tokens, gamma);
+  }
+  absl::StatusOr<BlockDraft> DraftBlock(std::span<const int32_t> tokens,
+                                        std::span<const int32_t> block, int gamma) override {
+    absl::StatusOr<BlockDraft> draft = inner_->DraftBlock(tokens, block, gamma);
+    if (draft.ok() && !std::is_sorted(draft->slots.begin(), draft->slots.end())) ++out_of_order;
+    return draft;
+  }
+  const DrafterStats& stats() const override { return inner_->stats(); }
+
+  int out_of_order = 0;
+
+ private:
+  std::unique_ptr<Drafter> inner_;
+};
+
 std::unique_ptr<Transformer> OneLayerModel(uint64_t seed) {
   ModelConfig c = testing::TinyConfig(testing::TinyArch::kQwen3, 256);
   c.num_layers = 1;
@@ -384,8 +510,9 @@ TEST(SimSdReferenceTest, OneLayerTargetEqualsTheSequentialSpeculativeDecode) {
       run.max_tokens = kTokens;
       absl::StatusOr<RunStats> got = testing::RunOnce(*target, mode, prompt, run);
       ASSERT_TRUE(got.ok()) << got.status();
+      InProcessArDrafter reference(drafter.get(), 1024);
       EXPECT_EQ(got->tokens,
-                SequentialSimSd(*target, *drafter, prompt, kBlock, gamma, mask, 0.9f, kTokens));
+                SequentialSimSd(*target, reference, prompt, kBlock, gamma, mask, 0.9f, kTokens));
       accepted += mode.stats().accepted;
       drafted += mode.stats().drafted;
       completions += mode.stats().completion_steps;
@@ -395,6 +522,161 @@ TEST(SimSdReferenceTest, OneLayerTargetEqualsTheSequentialSpeculativeDecode) {
   EXPECT_GT(accepted, 0);
   EXPECT_LT(accepted, drafted);
   EXPECT_GT(completions, 0);
+}
+
+TEST(SimSdReferenceTest, OneLayerTargetEqualsTheSequentialDecodeInTheDraftersOwnOrder) {
+  // The drafter denoises its block by confidence, so drafts come in its own slot order and the
+  // decoded slots of a block are often no prefix; the one-layer target still sees, at each
+  // verification slot, exactly the block state of its sequential denoising step.
+  std::unique_ptr<Transformer> target = OneLayerModel(41);
+  std::unique_ptr<Transformer> drafter = testing::PerturbedModel(*target, 5, 0.05f);
+  const int vocab = target->config().vocab_size;
+  const int32_t mask = vocab - 1;
+  constexpr int kBlock = 4;
+  constexpr int kTokens = 24;
+  int64_t accepted = 0;
+  int64_t drafted = 0;
+  int64_t completions = 0;
+  int out_of_order = 0;
+  for (int gamma : {4, 3, 2}) {
+    for (const std::vector<int32_t>& prompt : testing::TestPrompts(vocab - 1, 6, 17)) {
+      SCOPED_TRACE(::testing::Message() << "gamma " << gamma << ", prompt of " << prompt.size());
+      auto counting = std::make_unique<CountingDrafter>(
+          std::make_unique<DiffusionDrafter>(drafter.get(), mask, 1024));
+      CountingDrafter* counter = counting.get();
+      SimSdMode mode(
+          SimSdOptions{.block_size = kBlock, .gamma = gamma, .mask_token = mask, .threshold = 0.9f},
+          std::move(counting), vocab, 0);
+      RunOptions run;
+      run.max_tokens = kTokens;
+      absl::StatusOr<RunStats> got = testing::RunOnce(*target, mode, prompt, run);
+      ASSERT_TRUE(got.ok()) << got.status();
+      DiffusionDrafter reference(drafter.get(), mask, 1024);
+      EXPECT_EQ(got->tokens,
+                SequentialSimSd(*target, reference, prompt, kBlock, gamma, mask, 0.9f, kTokens));
+      accepted += mode.stats().accepted;
+      drafted += mode.stats().drafted;
+      completions += mode.stats().completion_steps;
+      out_of_order += counter->out_of_order;
+    }
+  }
+  EXPECT_GT(out_of_order, 0);  // the order was not left to right
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+  EXPECT_GT(completions, 0);
+}
+
+TEST(DiffusionDrafterTest, DraftsAPermutationPrefixByConfidenceDeterministically) {
+  std::unique_ptr<Transformer> model = OneLayerModel(7);
+  const int vocab = model->config().vocab_size;
+  const int32_t mask = vocab - 1;
+  const std::vector<int32_t> prompt = {3, 9, 27, 4, 8, 15};
+  constexpr int kBlock = 6;
+  // A block with slots 1 and 4 decoded.
+  const std::vector<int32_t> block = {kUndecodedSlot, 40, kUndecodedSlot,
+                                      kUndecodedSlot, 41, kUndecodedSlot};
+  DiffusionDrafter drafter(model.get(), mask, 256);
+  absl::StatusOr<BlockDraft> draft = drafter.DraftBlock(prompt, block, 3);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  ASSERT_EQ(draft->size(), 3);
+  ASSERT_EQ(draft->slots.size(), 3u);
+  std::vector<int32_t> seen;
+  for (int r = 0; r < draft->size(); ++r) {
+    const int32_t slot = draft->slots[r];
+    ASSERT_GE(slot, 0);
+    ASSERT_LT(slot, kBlock);
+    EXPECT_EQ(block[slot], kUndecodedSlot) << "slot " << slot << " was decoded already";
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), slot), 0) << "slot " << slot << " twice";
+    seen.push_back(slot);
+    EXPECT_NE(draft->tokens[r], mask);
+  }
+  EXPECT_EQ(drafter.stats().forwards, 3);  // one denoising forward per draft step
+  // Each draft step: the most confident undecoded slot of a fresh denoising forward over the
+  // block as the earlier steps left it, with its greedy token.
+  std::vector<int32_t> state(kBlock);
+  for (int s = 0; s < kBlock; ++s) state[s] = block[s] == kUndecodedSlot ? mask : block[s];
+  for (int r = 0; r < draft->size(); ++r) {
+    std::vector<int> open;
+    for (int s = 0; s < kBlock; ++s) {
+      if (state[s] == mask) open.push_back(s);
+    }
+    const std::vector<std::vector<float>> rows = DenoiseLogits(*model, prompt, state, open);
+    int best = 0;
+    float best_confidence = -1;
+    int32_t best_token = 0;
+    for (size_t i = 0; i < open.size(); ++i) {
+      std::vector<float> row = rows[i];
+      row[mask] = -std::numeric_limits<float>::infinity();
+      const auto top = std::max_element(row.begin(), row.end());
+      double sum = 0;
+      for (float x : row) sum += std::exp(static_cast<double>(x) - *top);
+      if (1.0 / sum > best_confidence) {
+        best_confidence = static_cast<float>(1.0 / sum);
+        best = open[i];
+        best_token = static_cast<int32_t>(top - row.begin());
+      }
+    }
+    EXPECT_EQ(draft->slots[r], best) << "draft step " << r;
+    EXPECT_EQ(draft->tokens[r], best_token) << "draft step " << r;
+    state[draft->slots[r]] = draft->tokens[r];
+  }
+  // Deterministic: again on the same drafter (its cached prefix reused) and on a fresh one.
+  absl::StatusOr<BlockDraft> again = drafter.DraftBlock(prompt, block, 3);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->slots, draft->slots);
+  EXPECT_EQ(again->tokens, draft->tokens);
+  EXPECT_GT(drafter.stats().reused_tokens, 0);
+  DiffusionDrafter fresh(model.get(), mask, 256);
+  absl::StatusOr<BlockDraft> other = fresh.DraftBlock(prompt, block, 3);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->slots, draft->slots);
+  EXPECT_EQ(other->tokens, draft->tokens);
+  // Decoding the first draft's slot with its token leaves the rest of the order as it was.
+  std::vector<int32_t> advanced = block;
+  advanced[draft->slots[0]] = draft->tokens[0];
+  absl::StatusOr<BlockDraft> rest = fresh.DraftBlock(prompt, advanced, 2);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_THAT(rest->slots, ElementsAre(draft->slots[1], draft->slots[2]));
+  EXPECT_THAT(rest->tokens, ElementsAre(draft->tokens[1], draft->tokens[2]));
+  // γ past the undecoded slots drafts them all: a permutation of the four.
+  absl::StatusOr<BlockDraft> all = fresh.DraftBlock(prompt, block, 10);
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<int32_t> sorted = all->slots;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_THAT(sorted, ElementsAre(0, 2, 3, 5));
+  // Bad input is an error, not a draft.
+  EXPECT_FALSE(fresh.DraftBlock({}, block, 2).ok());
+  EXPECT_FALSE(fresh.DraftBlock(prompt, std::vector<int32_t>{vocab, kUndecodedSlot}, 2).ok());
+}
+
+TEST(DiffusionDrafterTest, BlocksStopAtTheContext) {
+  std::unique_ptr<Transformer> model = OneLayerModel(7);
+  const int32_t mask = model->config().vocab_size - 1;
+  DiffusionDrafter drafter(model.get(), mask, 10);  // positions 0..9
+  const std::vector<int32_t> prompt = {3, 9, 27, 4, 8, 15, 16, 23};
+  absl::StatusOr<BlockDraft> draft =
+      drafter.DraftBlock(prompt, std::vector<int32_t>(4, kUndecodedSlot), 4);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  std::vector<int32_t> sorted = draft->slots;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_THAT(sorted, ElementsAre(0, 1));  // slots 2, 3 would be at positions 10, 11
+}
+
+TEST(DrafterTest, DefaultBlockDraftIsLeftToRightAfterTheDecodedPrefix) {
+  ScriptedDrafter drafter({{10, 11, 12}});
+  absl::StatusOr<BlockDraft> draft = drafter.DraftBlock(
+      std::vector<int32_t>{1, 2},
+      std::vector<int32_t>{5, kUndecodedSlot, kUndecodedSlot, kUndecodedSlot}, 2);
+  ASSERT_TRUE(draft.ok());
+  EXPECT_THAT(drafter.contexts[0], ElementsAre(1, 2, 5));
+  EXPECT_THAT(draft->slots, ElementsAre(1, 2));
+  EXPECT_THAT(draft->tokens, ElementsAre(10, 11));  // cut to γ
+  // A decoded slot after an undecoded one: no left-to-right drafts, and no drafter call.
+  draft = drafter.DraftBlock(std::vector<int32_t>{1, 2},
+                             std::vector<int32_t>{kUndecodedSlot, 5, kUndecodedSlot}, 2);
+  ASSERT_TRUE(draft.ok());
+  EXPECT_EQ(draft->size(), 0);
+  EXPECT_EQ(drafter.contexts.size(), 1u);
 }
 
 TEST(SimSdReferenceTest, RunnerStopsInsideAnAcceptedRun) {

@@ -1,8 +1,9 @@
 // An in-process DraftChannel for engine tests: greedy AR drafting with InProcessArDrafter (one
-// per session, on a model of the test's choice) on a thread of its own, so chains reach the
-// engine asynchronously like a remote drafter's. It can be told to fail after some chains:
-// by erroring every session, or by falling silent. It can ask for hidden-state layers and keeps
-// every session's tokens and hidden rows (after Close too) for inspection.
+// per session, on a model of the test's choice), or block drafts with DiffusionDrafter for a
+// session opened with a block size when the model has a <|mask|> token, on a thread of its own, so
+// chains reach the engine asynchronously like a remote drafter's. It can be told to fail after some
+// chains: by erroring every session, or by falling silent. It can ask for hidden-state layers and
+// keeps every session's tokens and hidden rows (after Close too) for inspection.
 //
 // Thread-safe: the engine calls Open/Advance/Close from its thread while the drafting thread
 // answers.
@@ -19,6 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/decoding/diffusion_drafter.h"
 #include "worker/decoding/drafter.h"
 #include "worker/engine/draft_channel.h"
 
@@ -58,7 +60,7 @@ class InProcessDraftChannel : public DraftChannel {
   using DraftChannel::Open;
 
   absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
-                    const HiddenRows& hidden) override {
+                    const HiddenRows& hidden, int block_size) override {
     absl::MutexLock lock(&mu_);
     if (broken_) return absl::UnavailableError("test drafter is down");
     Received& r = received_[session];
@@ -67,7 +69,14 @@ class InProcessDraftChannel : public DraftChannel {
     Session& s = sessions_[session];
     s.tokens.assign(tokens.begin(), tokens.end());
     s.gamma = gamma;
-    s.drafter = std::make_shared<InProcessArDrafter>(model_, capacity_);
+    s.block_size = 0;
+    if (block_size > 0 && model_->config().diffusion.mask_token_id) {
+      s.block_size = block_size;
+      s.drafter = std::make_shared<DiffusionDrafter>(
+          model_, *model_->config().diffusion.mask_token_id, capacity_);
+    } else {
+      s.drafter = std::make_shared<InProcessArDrafter>(model_, capacity_);
+    }
     dirty_.insert(session);
     return absl::OkStatus();
   }
@@ -118,7 +127,8 @@ class InProcessDraftChannel : public DraftChannel {
   struct Session {
     std::vector<int32_t> tokens;
     int gamma = 0;
-    std::shared_ptr<InProcessArDrafter> drafter;
+    int block_size = 0;  // > 0: block drafts
+    std::shared_ptr<Drafter> drafter;
   };
 
   void Run() {
@@ -126,7 +136,8 @@ class InProcessDraftChannel : public DraftChannel {
       uint64_t session = 0;
       std::vector<int32_t> tokens;
       int gamma = 0;
-      std::shared_ptr<InProcessArDrafter> drafter;
+      int block_size = 0;
+      std::shared_ptr<Drafter> drafter;
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]()
@@ -138,14 +149,26 @@ class InProcessDraftChannel : public DraftChannel {
         const Session& s = sessions_.at(session);
         tokens = s.tokens;
         gamma = s.gamma;
+        block_size = s.block_size;
         drafter = s.drafter;
       }
       DraftChain chain{.session = session, .from = static_cast<int>(tokens.size())};
-      absl::StatusOr<std::vector<int32_t>> drafts = drafter->Draft(tokens, gamma);
-      if (drafts.ok()) {
-        chain.tokens = std::move(*drafts);
+      if (block_size > 0) {
+        absl::StatusOr<BlockDraft> draft = drafter->DraftBlock(
+            tokens, std::vector<int32_t>(block_size, kUndecodedSlot), block_size);
+        if (draft.ok()) {
+          chain.tokens = std::move(draft->tokens);
+          chain.slots = std::move(draft->slots);
+        } else {
+          chain.error = draft.status();
+        }
       } else {
-        chain.error = drafts.status();
+        absl::StatusOr<std::vector<int32_t>> drafts = drafter->Draft(tokens, gamma);
+        if (drafts.ok()) {
+          chain.tokens = std::move(*drafts);
+        } else {
+          chain.error = drafts.status();
+        }
       }
       std::vector<DraftChain> send;
       {
