@@ -110,6 +110,16 @@ int RunBenchEngine(const BenchEngineArgs& args) {
   omp_set_num_threads(threads);
   const ModelConfig config = SyntheticConfig(args.layers);
   auto model = Transformer::FromWeights(config, RandomWeights(config, 7));
+  absl::StatusOr<DeviceOptions> device = ResolveDevice(args.device, args.cuda_graphs);
+  if (!device.ok()) {
+    std::fprintf(stderr, "bench engine: --device: %s\n",
+                 std::string(device.status().message()).c_str());
+    return 1;
+  }
+  if (absl::Status moved = model->UseDevice(*device); !moved.ok()) {
+    std::fprintf(stderr, "bench engine: --device: %s\n", moved.ToString().c_str());
+    return 1;
+  }
   const ModelWeights& w = model->weights();
   const double params = static_cast<double>(w.ParameterCount());
   const double step_bytes = static_cast<double>(w.StepBytes());

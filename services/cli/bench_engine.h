@@ -1,5 +1,7 @@
 #pragma once
 
+#include <string>
+
 namespace tandem::cli {
 
 struct BenchEngineArgs {
@@ -8,6 +10,8 @@ struct BenchEngineArgs {
   int decode_steps = 48;
   int prefill_tokens = 256;
   int layers = 12;
+  std::string device = "cpu";  // cpu or cuda
+  bool cuda_graphs = true;
 };
 
 int RunBenchEngine(const BenchEngineArgs& args);

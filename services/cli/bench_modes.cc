@@ -252,7 +252,13 @@ int RunBenchModes(const BenchModesArgs& args) {
     variants = std::move(chosen);
   }
 
-  auto target = LoadModelDir(args.model_dir);
+  absl::StatusOr<DeviceOptions> device = ResolveDevice(args.device, args.cuda_graphs);
+  if (!device.ok()) {
+    std::fprintf(stderr, "bench modes: --device: %s\n",
+                 std::string(device.status().message()).c_str());
+    return 1;
+  }
+  auto target = LoadModelDir(args.model_dir, *device);
   if (!target.ok()) {
     std::fprintf(stderr, "bench modes: %s\n", target.status().ToString().c_str());
     return 1;
@@ -301,7 +307,7 @@ int RunBenchModes(const BenchModesArgs& args) {
       }
     }
   } else if (!self_drafting) {
-    separate_drafter = LoadModelDir(drafter_dir);
+    separate_drafter = LoadModelDir(drafter_dir, *device);
     if (!separate_drafter.ok()) {
       std::fprintf(stderr, "bench modes: drafter: %s\n",
                    separate_drafter.status().ToString().c_str());

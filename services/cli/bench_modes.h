@@ -20,6 +20,8 @@ struct BenchModesArgs {
   int prompts = 0;  // per category; 0 = all in the file
   bool json = false;
   int threads = 0;
+  std::string device = "cpu";  // cpu or cuda: where the target and drafter models run
+  bool cuda_graphs = true;
 };
 
 int RunBenchModes(const BenchModesArgs& args);

@@ -41,11 +41,19 @@ struct GenerateArgs {
   bool chat = false;
   bool json = false;
   int threads = 0;
+  std::string device = "cpu";
+  bool cuda_graphs = true;
 };
 
 int RunGenerate(const GenerateArgs& args) {
   kernels::cpu::SetBlasThreads(args.threads);
-  auto loaded = LoadModelDir(args.model_dir);
+  absl::StatusOr<DeviceOptions> device = ResolveDevice(args.device, args.cuda_graphs);
+  if (!device.ok()) {
+    std::fprintf(stderr, "tandem generate: --device: %s\n",
+                 std::string(device.status().message()).c_str());
+    return 1;
+  }
+  auto loaded = LoadModelDir(args.model_dir, *device);
   if (!loaded.ok()) {
     std::fprintf(stderr, "tandem generate: %s\n", loaded.status().ToString().c_str());
     return 1;
@@ -82,7 +90,7 @@ int RunGenerate(const GenerateArgs& args) {
     dflash = std::move(*made);
     options.dflash_drafter = dflash.get();
   } else if (!drafter_dir.empty() && drafter_dir != args.model_dir) {
-    drafter = LoadModelDir(drafter_dir);
+    drafter = LoadModelDir(drafter_dir, *device);
     if (!drafter.ok()) {
       std::fprintf(stderr, "tandem generate: drafter: %s\n", drafter.status().ToString().c_str());
       return 1;
@@ -348,6 +356,13 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", args->json,
                 "Print one JSON object: text, tokens, forwards, tokens per forward, tokens/s");
   cmd->add_option("--threads", args->threads, "CPU threads for matrix products; 0 = all cores");
+  cmd->add_option("--device", args->device,
+                  "Where the model runs in-process: cpu (fp32) or cuda (bf16 GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--cuda-graphs", args->cuda_graphs,
+                  "With --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
+      ->capture_default_str();
   cmd->callback([args, exit_code, mode, seed] {
     args->mode_set = mode->count() > 0;
     args->seed_set = seed->count() > 0;

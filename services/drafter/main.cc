@@ -30,9 +30,9 @@ std::string ModelId(const std::string& dir) {
 }
 
 int Run(const std::string& model_dir, const std::string& target_dir,
-        tandem::DraftEngineOptions engine_options, int threads,
-        const tandem::ServerFlags& server_flags, const tandem::MetricsFlags& metrics_flags,
-        const tandem::RegistryFlags& registry_flags) {
+        tandem::DraftEngineOptions engine_options, int threads, const std::string& device_name,
+        bool cuda_graphs, const tandem::ServerFlags& server_flags,
+        const tandem::MetricsFlags& metrics_flags, const tandem::RegistryFlags& registry_flags) {
   if (threads > 0) omp_set_num_threads(threads);
   tandem::kernels::cpu::SetBlasThreads(threads);
   // A DFlash drafter runs on the target's embeddings and head: `model` is then the target.
@@ -43,12 +43,26 @@ int Run(const std::string& model_dir, const std::string& target_dir,
                  model_dir.c_str());
     return 1;
   }
+  absl::StatusOr<tandem::DeviceOptions> device = tandem::ResolveDevice(device_name, cuda_graphs);
+  if (!device.ok()) {
+    std::fprintf(stderr, "tandem-drafter: --device: %s\n",
+                 std::string(device.status().message()).c_str());
+    return 1;
+  }
+  if (dflash && device->device != tandem::Device::kCpu) {
+    std::fprintf(stderr, "tandem-drafter: DFlash drafters run on the CPU only (--device cpu)\n");
+    return 1;
+  }
   const std::string& weights_dir = dflash ? target_dir : model_dir;
   absl::StatusOr<std::unique_ptr<tandem::Transformer>> model =
       tandem::Transformer::Load(weights_dir);
   if (!model.ok()) {
     std::fprintf(stderr, "tandem-drafter: cannot load the model in '%s': %s\n", weights_dir.c_str(),
                  model.status().ToString().c_str());
+    return 1;
+  }
+  if (absl::Status moved = (*model)->UseDevice(*device); !moved.ok()) {
+    std::fprintf(stderr, "tandem-drafter: --device: %s\n", moved.ToString().c_str());
     return 1;
   }
   std::unique_ptr<tandem::DFlashModel> dflash_model;
@@ -146,6 +160,8 @@ int main(int argc, char** argv) {
   std::string model_dir;
   tandem::DraftEngineOptions engine_options;
   int threads = 0;
+  std::string device = "cpu";
+  bool cuda_graphs = true;
   tandem::ServerFlags server_flags;
   std::string target_dir;
   app.add_option("--model", model_dir,
@@ -181,12 +197,20 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (OpenMP and matrix products); 0 = all cores")
       ->envname("TANDEM_DRAFTER_THREADS")
       ->capture_default_str();
+  app.add_option("--device", device, "Where the draft model runs: cpu (fp32) or cuda (bf16 GPU)")
+      ->envname("TANDEM_DRAFTER_DEVICE")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--cuda-graphs", cuda_graphs,
+                 "With --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
+      ->envname("TANDEM_DRAFTER_CUDA_GRAPHS")
+      ->capture_default_str();
   tandem::AddServerFlags(app, &server_flags, "TANDEM_DRAFTER");
   tandem::MetricsFlags metrics_flags;
   tandem::AddMetricsFlags(app, &metrics_flags, "TANDEM_DRAFTER");
   tandem::RegistryFlags registry_flags;
   tandem::AddRegistryFlags(app, &registry_flags, "TANDEM_DRAFTER");
   CLI11_PARSE(app, argc, argv);
-  return Run(model_dir, target_dir, engine_options, threads, server_flags, metrics_flags,
-             registry_flags);
+  return Run(model_dir, target_dir, engine_options, threads, device, cuda_graphs, server_flags,
+             metrics_flags, registry_flags);
 }

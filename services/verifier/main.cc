@@ -30,6 +30,8 @@ struct Flags {
   std::string drafter;
   std::string lora;  // LoRA adapter gated on isd / self_spec draft positions
   std::string default_mode = "ar";
+  std::string device = "cpu";
+  bool cuda_graphs = true;
   int64_t kv_tokens = 65536;
   int max_batch_tokens = 1024;
   int max_running = 64;
@@ -53,7 +55,13 @@ std::string RandomWorkerId() {
 }
 
 int Run(const Flags& flags) {
-  absl::StatusOr<tandem::LoadedModel> model = tandem::LoadModelDir(flags.model);
+  absl::StatusOr<tandem::DeviceOptions> device =
+      tandem::ResolveDevice(flags.device, flags.cuda_graphs);
+  if (!device.ok()) {
+    std::cerr << "tandem-verifier: --device: " << device.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<tandem::LoadedModel> model = tandem::LoadModelDir(flags.model, *device);
   if (!model.ok()) {
     std::cerr << "tandem-verifier: cannot load the model: " << model.status().message() << "\n";
     return 1;
@@ -209,6 +217,14 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--default-mode", flags.default_mode, "mode of requests that ask for 'auto'")
       ->envname("TANDEM_VERIFIER_DEFAULT_MODE")
+      ->capture_default_str();
+  app.add_option("--device", flags.device, "where the model runs: cpu (fp32) or cuda (bf16 GPU)")
+      ->envname("TANDEM_VERIFIER_DEVICE")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--cuda-graphs", flags.cuda_graphs,
+                 "with --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
+      ->envname("TANDEM_VERIFIER_CUDA_GRAPHS")
       ->capture_default_str();
   app.add_option("--kv-tokens", flags.kv_tokens, "KV cache capacity in tokens (memory budget)")
       ->envname("TANDEM_VERIFIER_KV_TOKENS")

@@ -5,16 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/decoding/drafter.h"
 #include "worker/decoding/runner.h"
-#include "worker/decoding/simsd.h"
-#include "worker/decoding/spec.h"
 
 namespace tandem {
 
-absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir) {
+absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device) {
   LoadedModel loaded;
   loaded.dir = dir;
   TANDEM_ASSIGN_OR_RETURN(loaded.model, Transformer::Load(dir));
+  if (device.device != Device::kCpu) TANDEM_RETURN_IF_ERROR(loaded.model->UseDevice(device));
   TANDEM_ASSIGN_OR_RETURN(loaded.tokenizer, Tokenizer::FromFile(dir + "/tokenizer.json"));
   return loaded;
 }
@@ -104,11 +104,8 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   result.drafted = stats.drafted;
   result.accepted = stats.accepted;
   result.steps_with_drafts = stats.steps_with_drafts;
-  if (const auto* spec = dynamic_cast<const SpecMode*>(mode.get())) {
-    result.drafter_forwards = static_cast<int>(spec->drafter().stats().forwards);
-  }
-  if (const auto* simsd = dynamic_cast<const SimSdMode*>(mode.get())) {
-    result.drafter_forwards = static_cast<int>(simsd->drafter().stats().forwards);
+  if (const DrafterStats* drafter = mode->drafter_stats()) {
+    result.drafter_forwards = static_cast<int>(drafter->forwards);
   }
   result.finish = text_finish != FinishReason::kNone ? text_finish : stats.finish;
   if (result.finish != FinishReason::kStop) {

@@ -59,8 +59,9 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
-// Loads <dir>/config.json, weights and tokenizer.json.
-absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir);
+// Loads <dir>/config.json, weights and tokenizer.json, and moves the model to `device`
+// (Transformer::UseDevice).
+absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device = {});
 
 // Loads the PEFT LoRA adapter in `dir` (adapter_config.json, adapter_model.safetensors) onto
 // `model`. Modes run it only where they gate it (ModeOptions::lora_drafts).

@@ -6,16 +6,47 @@
 
 namespace tandem {
 
-KvCache::KvCache(const KvCacheOptions& options)
-    : options_(options),
-      row_floats_(static_cast<size_t>(options.num_kv_heads) * options.head_dim),
-      allocator_(options.num_blocks) {
+HostKvStorage::HostKvStorage(const KvCacheOptions& options)
+    : block_size_(options.block_size),
+      row_floats_(static_cast<size_t>(options.num_kv_heads) * options.head_dim) {
   const size_t pool = static_cast<size_t>(options.num_blocks) * options.block_size * row_floats_;
   keys_.resize(options.num_layers);
   values_.resize(options.num_layers);
   for (int l = 0; l < options.num_layers; ++l) {
     keys_[l].assign(pool, 0.0f);
     values_[l].assign(pool, 0.0f);
+  }
+}
+
+void HostKvStorage::Commit(SeqId /*seq*/, std::span<const int32_t> blocks, int committed,
+                           std::span<const int32_t> keep) {
+  auto offset = [&](int slot) {
+    return (static_cast<size_t>(blocks[slot / block_size_]) * block_size_ + slot % block_size_) *
+           row_floats_;
+  };
+  // keep[j] >= j, so moving slot committed+keep[j] to committed+j in increasing j never
+  // overwrites a row still to be read.
+  for (size_t j = 0; j < keep.size(); ++j) {
+    if (keep[j] == static_cast<int32_t>(j)) continue;
+    const size_t from = offset(committed + keep[j]);
+    const size_t to = offset(committed + static_cast<int>(j));
+    for (size_t l = 0; l < keys_.size(); ++l) {
+      std::memcpy(keys_[l].data() + to, keys_[l].data() + from, row_floats_ * sizeof(float));
+      std::memcpy(values_[l].data() + to, values_[l].data() + from, row_floats_ * sizeof(float));
+    }
+  }
+}
+
+KvCache::KvCache(const KvCacheOptions& options)
+    : options_(options),
+      row_floats_(static_cast<size_t>(options.num_kv_heads) * options.head_dim),
+      allocator_(options.num_blocks) {
+  if (options.make_storage) {
+    storage_ = options.make_storage(options);
+  } else {
+    auto host = std::make_unique<HostKvStorage>(options);
+    host_ = host.get();
+    storage_ = std::move(host);
   }
 }
 
@@ -80,17 +111,9 @@ absl::Status KvCache::Commit(SeqId seq, std::span<const int32_t> keep) {
                        keep[j], " at ", j));
     }
   }
-  // keep[j] >= j, so moving slot committed+keep[j] to committed+j in increasing j never
-  // overwrites a row still to be read.
-  for (size_t j = 0; j < keep.size(); ++j) {
-    if (keep[j] == static_cast<int32_t>(j)) continue;
-    const size_t from = RowOffset(s, s.committed + keep[j]);
-    const size_t to = RowOffset(s, s.committed + static_cast<int>(j));
-    for (int l = 0; l < options_.num_layers; ++l) {
-      std::memcpy(keys_[l].data() + to, keys_[l].data() + from, row_floats_ * sizeof(float));
-      std::memcpy(values_[l].data() + to, values_[l].data() + from, row_floats_ * sizeof(float));
-    }
-  }
+  bool moves = false;
+  for (size_t j = 0; j < keep.size() && !moves; ++j) moves = keep[j] != static_cast<int32_t>(j);
+  if (moves) storage_->Commit(seq, s.blocks, s.committed, keep);
   s.committed += static_cast<int>(keep.size());
   s.tentative = 0;
   ShrinkTo(s, s.committed);
@@ -130,11 +153,11 @@ std::span<const int32_t> KvCache::BlockTable(SeqId seq) const {
 }
 
 float* KvCache::KeyRow(SeqId seq, int layer, int slot) {
-  return keys_[layer].data() + RowOffset(sequences_.at(seq), slot);
+  return host_->Keys(layer) + RowOffset(sequences_.at(seq), slot);
 }
 
 float* KvCache::ValueRow(SeqId seq, int layer, int slot) {
-  return values_[layer].data() + RowOffset(sequences_.at(seq), slot);
+  return host_->Values(layer) + RowOffset(sequences_.at(seq), slot);
 }
 
 double KvCache::UsageRatio() const {
@@ -147,7 +170,7 @@ int64_t KvCache::FreeTokenCapacity() const {
 }
 
 size_t KvCache::BytesPerToken() const {
-  return 2 * row_floats_ * sizeof(float) * options_.num_layers;
+  return 2 * row_floats_ * storage_->ElementBytes() * options_.num_layers;
 }
 
 }  // namespace tandem

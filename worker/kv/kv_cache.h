@@ -5,10 +5,18 @@
 // the chosen new tokens, in order, compacting them to follow the committed ones, and drops the
 // rest. Reserving again without a Commit drops the previous tentative tokens.
 //
+// The cache keeps the allocation metadata (block tables, committed and tentative lengths); the
+// K/V rows live in a KvStorage. By default that is HostKvStorage (fp32 pools in host memory,
+// what the CPU forward reads and writes); a model backend may supply its own storage (device
+// pools with the same block indices) through KvCacheOptions::make_storage. Commit describes its
+// row moves to the storage (KvStorage::Commit); Truncate, Reserve and frees move no rows.
+//
 // Not thread-safe: owned by one worker actor.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -21,12 +29,57 @@ namespace tandem {
 
 using SeqId = int64_t;
 
+class KvStorage;
+struct KvCacheOptions;
+
+// Makes the storage of a new KvCache; null means HostKvStorage.
+using KvStorageFactory = std::function<std::unique_ptr<KvStorage>(const KvCacheOptions&)>;
+
 struct KvCacheOptions {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
   int block_size = 16;     // tokens per block
   int32_t num_blocks = 0;  // blocks per layer pool
+  KvStorageFactory make_storage;
+};
+
+// Where a KvCache's K/V rows live: per layer, K and V pools of num_blocks * block_size rows of
+// num_kv_heads * head_dim elements; row r of a sequence's slot s is
+// blocks[s / block_size] * block_size + s % block_size.
+class KvStorage {
+ public:
+  virtual ~KvStorage() = default;
+
+  // One sequence's commit, called by KvCache::Commit after validating `keep` and only when some
+  // row moves (keep[j] != j for some j): for j in increasing order, slot committed + keep[j]
+  // moves to slot committed + j in every layer's K and V pool. `blocks` is the sequence's block
+  // table before the commit frees any block. A storage may apply the moves later (batched) as
+  // long as it does so before its rows are next read or written.
+  virtual void Commit(SeqId seq, std::span<const int32_t> blocks, int committed,
+                      std::span<const int32_t> keep) = 0;
+
+  // Bytes of one K (or V) row element.
+  virtual size_t ElementBytes() const = 0;
+};
+
+// fp32 pools in host memory; commits move rows at once with memcpy.
+class HostKvStorage final : public KvStorage {
+ public:
+  explicit HostKvStorage(const KvCacheOptions& options);
+
+  void Commit(SeqId seq, std::span<const int32_t> blocks, int committed,
+              std::span<const int32_t> keep) override;
+  size_t ElementBytes() const override { return sizeof(float); }
+
+  float* Keys(int layer) { return keys_[layer].data(); }
+  float* Values(int layer) { return values_[layer].data(); }
+
+ private:
+  int block_size_;
+  size_t row_floats_;
+  std::vector<std::vector<float>> keys_;
+  std::vector<std::vector<float>> values_;
 };
 
 class KvCache {
@@ -54,13 +107,20 @@ class KvCache {
   int TentativeLength(SeqId seq) const;
   std::span<const int32_t> BlockTable(SeqId seq) const;
 
-  // Pools of one layer: [num_blocks, block_size, num_kv_heads, head_dim].
-  float* Keys(int layer) { return keys_[layer].data(); }
-  float* Values(int layer) { return values_[layer].data(); }
-  const float* Keys(int layer) const { return keys_[layer].data(); }
-  const float* Values(int layer) const { return values_[layer].data(); }
+  KvStorage& storage() { return *storage_; }
+  const KvStorage& storage() const { return *storage_; }
+  // The host pools, or null when the storage is another backend's.
+  HostKvStorage* host_storage() { return host_; }
 
-  // Pointer to the K (or V) row of `slot` of `seq` in `layer`: [num_kv_heads, head_dim].
+  // Host pools of one layer: [num_blocks, block_size, num_kv_heads, head_dim]. Only for a cache
+  // with HostKvStorage (host_storage() != null).
+  float* Keys(int layer) { return host_->Keys(layer); }
+  float* Values(int layer) { return host_->Values(layer); }
+  const float* Keys(int layer) const { return host_->Keys(layer); }
+  const float* Values(int layer) const { return host_->Values(layer); }
+
+  // Pointer to the K (or V) row of `slot` of `seq` in `layer`: [num_kv_heads, head_dim]. Host
+  // storage only.
   float* KeyRow(SeqId seq, int layer, int slot);
   float* ValueRow(SeqId seq, int layer, int slot);
 
@@ -83,8 +143,8 @@ class KvCache {
   KvCacheOptions options_;
   size_t row_floats_;  // num_kv_heads * head_dim
   BlockAllocator allocator_;
-  std::vector<std::vector<float>> keys_;
-  std::vector<std::vector<float>> values_;
+  std::unique_ptr<KvStorage> storage_;
+  HostKvStorage* host_ = nullptr;  // storage_ when it is the host pools
   std::unordered_map<SeqId, Sequence> sequences_;
 };
 

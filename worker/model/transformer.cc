@@ -12,6 +12,10 @@
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 
+#ifdef TANDEM_HAVE_CUDA
+#include "worker/model/cuda/cuda_transformer.h"
+#endif
+
 namespace tandem {
 
 namespace kc = kernels::cpu;
@@ -75,7 +79,24 @@ KvCacheOptions Transformer::KvOptions(int64_t max_tokens, int block_size) const 
   o.head_dim = config_.head_dim;
   o.block_size = block_size;
   o.num_blocks = static_cast<int32_t>((max_tokens + block_size - 1) / block_size);
+  if (backend_ != nullptr) o.make_storage = backend_->StorageFactory();
   return o;
+}
+
+absl::Status Transformer::UseDevice(const DeviceOptions& options) {
+  TANDEM_RETURN_IF_ERROR(CheckDeviceAvailable(options.device));
+  if (options.device == Device::kCpu) {
+    backend_.reset();
+    device_ = Device::kCpu;
+    return absl::OkStatus();
+  }
+#ifdef TANDEM_HAVE_CUDA
+  TANDEM_ASSIGN_OR_RETURN(backend_, CudaTransformer::Create(this, options));
+  device_ = options.device;
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("this build has no CUDA backend");
+#endif
 }
 
 absl::Status Transformer::Validate(std::span<const Extend> batch, const KvCache& kv) const {
@@ -133,6 +154,19 @@ absl::Status Transformer::Validate(std::span<const Extend> batch, const KvCache&
 absl::StatusOr<std::vector<ExtendOutput>> Transformer::Forward(std::span<const Extend> batch,
                                                                KvCache& kv) {
   TANDEM_RETURN_IF_ERROR(Validate(batch, kv));
+  if (backend_ != nullptr) {
+    if (!backend_->OwnsStorage(kv)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model runs on ", std::string(DeviceName(device_)),
+          " but the KV cache's storage is not that device's (make it from KvOptions after "
+          "UseDevice)"));
+    }
+    return backend_->Forward(batch, kv);
+  }
+  if (kv.host_storage() == nullptr) {
+    return absl::InvalidArgumentError(
+        "the model runs on the CPU but the KV cache's storage is another device's");
+  }
   const ModelConfig& c = config_;
   const int hidden = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
   const int qkv_width = (hq + 2 * hkv) * d;

@@ -1,4 +1,5 @@
-// A decoder-only transformer (Llama / Mistral / Qwen2 / Qwen3 blocks) on the CPU in fp32.
+// A decoder-only transformer (Llama / Mistral / Qwen2 / Qwen3 blocks) on the CPU in fp32, or on
+// a GPU in bf16 after UseDevice({Device::kCuda}) (worker/model/cuda/cuda_transformer.h).
 //
 // Forward runs a batch of extends over the paged KV cache: every extend's sequence must have
 // Reserve()d exactly its token count in the cache first; the new tokens' K/V are written to
@@ -16,8 +17,10 @@
 
 #include "absl/status/statusor.h"
 #include "worker/kv/kv_cache.h"
+#include "worker/model/backend.h"
 #include "worker/model/checkpoint/lora.h"
 #include "worker/model/checkpoint/model_config.h"
+#include "worker/model/device.h"
 #include "worker/model/extend.h"
 #include "worker/model/weights.h"
 
@@ -32,16 +35,30 @@ class Transformer {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
 
-  // Options for a KV cache that fits this model, holding `max_tokens` tokens in total.
+  // Moves the forward to `options.device`: kCuda uploads bf16 weights to the GPU and runs
+  // every later Forward there (KV caches must then come from KvOptions called afterwards);
+  // kCpu returns to the fp32 CPU forward. Errors (no GPU, a build without CUDA, out of
+  // memory) leave the model where it was.
+  absl::Status UseDevice(const DeviceOptions& options);
+  Device device() const { return device_; }
+  // The attached backend (null on the CPU).
+  ModelBackend* backend() { return backend_.get(); }
+
+  // Options for a KV cache that fits this model, holding `max_tokens` tokens in total; its
+  // storage is the current device's.
   KvCacheOptions KvOptions(int64_t max_tokens, int block_size = 16) const;
 
   // The adapter used by extends whose lora_gate is set (one adapter per model).
-  void SetLoraAdapter(LoraAdapter adapter) { lora_ = std::move(adapter); }
+  void SetLoraAdapter(LoraAdapter adapter) {
+    lora_ = std::move(adapter);
+    if (backend_ != nullptr) backend_->LoraChanged();
+  }
   bool has_lora() const { return lora_.has_value(); }
+  const std::optional<LoraAdapter>& lora() const { return lora_; }
 
   // Runs the batch; returns one output per extend, in order. InvalidArgument for malformed
-  // extends (token or position out of range, missing reservation, bad indices); nothing is
-  // written to the cache then.
+  // extends (token or position out of range, missing reservation, bad indices) or a cache
+  // whose storage is not the current device's; nothing is written to the cache then.
   absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch, KvCache& kv);
 
  private:
@@ -54,6 +71,8 @@ class Transformer {
   std::vector<float> inv_freq_;  // RoPE [head_dim / 2]
   float rope_scaling_ = 1.0f;
   std::optional<LoraAdapter> lora_;
+  Device device_ = Device::kCpu;
+  std::unique_ptr<ModelBackend> backend_;
 };
 
 }  // namespace tandem

@@ -1,5 +1,7 @@
 #include "worker/kv/kv_cache.h"
 
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -102,6 +104,67 @@ TEST(KvCacheTest, DuplicateSequenceIsAnError) {
   KvCache kv(SmallOptions(1));
   ASSERT_TRUE(kv.AddSequence(3).ok());
   EXPECT_EQ(kv.AddSequence(3).code(), absl::StatusCode::kAlreadyExists);
+}
+
+// A storage that records the row moves each commit describes.
+class RecordingStorage final : public KvStorage {
+ public:
+  struct Call {
+    SeqId seq;
+    std::vector<int32_t> blocks;
+    int committed;
+    std::vector<int32_t> keep;
+  };
+  explicit RecordingStorage(std::vector<Call>* calls) : calls_(calls) {}
+  void Commit(SeqId seq, std::span<const int32_t> blocks, int committed,
+              std::span<const int32_t> keep) override {
+    calls_->push_back({seq, {blocks.begin(), blocks.end()}, committed, {keep.begin(), keep.end()}});
+  }
+  size_t ElementBytes() const override { return 2; }
+
+ private:
+  std::vector<Call>* calls_;
+};
+
+TEST(KvStorageTest, CommitDescribesRowMovesToAnExternalStorage) {
+  std::vector<RecordingStorage::Call> calls;
+  KvCacheOptions options = SmallOptions(8);
+  options.make_storage = [&calls](const KvCacheOptions&) {
+    return std::make_unique<RecordingStorage>(&calls);
+  };
+  KvCache kv(options);
+  EXPECT_EQ(kv.host_storage(), nullptr);
+  EXPECT_EQ(kv.BytesPerToken(), 2u * 2 * 2 * 2);  // K and V, 2 layers, 2 elements, 2 bytes
+  ASSERT_TRUE(kv.AddSequence(3).ok());
+  ASSERT_EQ(kv.Reserve(3, 5), 0);
+  const std::vector<int32_t> prefix = {0, 1, 2};
+  ASSERT_TRUE(kv.Commit(3, prefix).ok());  // a kept prefix moves nothing
+  EXPECT_TRUE(calls.empty());
+  ASSERT_EQ(kv.Reserve(3, 6), 3);  // slots 3..8: blocks 0, 1, 2
+  const std::vector<int32_t> blocks(kv.BlockTable(3).begin(), kv.BlockTable(3).end());
+  ASSERT_EQ(blocks.size(), 3u);
+  const std::vector<int32_t> keep = {0, 2, 5};
+  ASSERT_TRUE(kv.Commit(3, keep).ok());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].seq, 3);
+  EXPECT_EQ(calls[0].blocks, blocks);  // the table before the commit freed block 2
+  EXPECT_EQ(calls[0].committed, 3);
+  EXPECT_EQ(calls[0].keep, keep);
+  EXPECT_EQ(kv.BlockTable(3).size(), 2u);  // 6 committed tokens
+  // Invalid indices are rejected before the storage hears of them.
+  ASSERT_EQ(kv.Reserve(3, 2), 6);
+  const std::vector<int32_t> bad = {1, 1};
+  EXPECT_FALSE(kv.Commit(3, bad).ok());
+  EXPECT_EQ(calls.size(), 1u);
+  ASSERT_TRUE(kv.Truncate(3, 2).ok());  // truncation moves no rows
+  EXPECT_EQ(calls.size(), 1u);
+}
+
+TEST(KvStorageTest, HostStorageIsTheDefault) {
+  KvCache kv(SmallOptions(2));
+  ASSERT_NE(kv.host_storage(), nullptr);
+  EXPECT_EQ(kv.Keys(1), kv.host_storage()->Keys(1));
+  EXPECT_EQ(kv.BytesPerToken(), 2u * 2 * 2 * sizeof(float));
 }
 
 }  // namespace

@@ -1,0 +1,34 @@
+// A forward backend other than the CPU: Transformer keeps the configuration, the host weights
+// and the validation, and hands validated batches to its backend when one is attached
+// (Transformer::UseDevice).
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/model/extend.h"
+
+namespace tandem {
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+
+  // Runs a batch Transformer::Validate accepted, on a KvCache whose storage this backend's
+  // StorageFactory made; same outputs as Transformer::Forward.
+  virtual absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch,
+                                                            KvCache& kv) = 0;
+
+  // Makes the KV storage of caches for this backend (set in Transformer::KvOptions).
+  virtual KvStorageFactory StorageFactory() = 0;
+
+  // True when `kv`'s storage was made by this backend's StorageFactory.
+  virtual bool OwnsStorage(const KvCache& kv) const = 0;
+
+  // The model's LoRA adapter changed; the backend picks it up before its next forward.
+  virtual void LoraChanged() = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,176 @@
+// The CUDA backend of Transformer (Transformer::UseDevice({Device::kCuda})): the same forward
+// as worker/model/transformer.cc, run with the kernels/cuda ops in bf16 with fp32 accumulation.
+//
+//   - Weights: the model's fp32 host weights rounded to bf16 and uploaded once (norm weights
+//     too); q/k/v and gate/up stay fused in memory. The LoRA adapter is uploaded before the
+//     first forward after Transformer::SetLoraAdapter.
+//   - KV: CudaKvStorage pools (bf16, GPU) behind the host KvCache's block tables.
+//   - A step: queued KV commits are flushed, the batch's tokens, positions, KV slots, attention
+//     extends (visibility, block tables, explicit masks), LoRA gates and output rows are
+//     uploaded, the layer loop runs on one stream with one workspace, and the fp32 logits of
+//     the requested outputs (and the hidden-state taps, as fp32) come back to the host.
+//     Per layer: q/k/v projections (three products when the model has q/k norms, so each lands
+//     contiguous for the norm), q/k RMSNorm, RoPE, the new K/V rows written to the paged pools
+//     (kv_write), paged attention, o projection, residual add fused with RMSNorm, gate/up,
+//     SwiGLU, down, residual add fused with the next RMSNorm; gated LoRA deltas after each
+//     projection. The last layer's add is fused with the final norm; the output rows are
+//     gathered (the embedding gather over the normed rows) and projected to fp32 logits.
+//   - CUDA graphs: a decode step (every extend one token that sees itself, one output, no LoRA
+//     gate, no hidden taps, static RoPE) runs as a graph captured per (batch-size bucket,
+//     attention splits), buckets kGraphBuckets extends; the batch is padded to its bucket
+//     (padding rows write no KV and their logits are dropped). Inputs are uploaded into the
+//     graphs' fixed buffers before each replay. Other steps, and every step with graphs off,
+//     launch eagerly.
+//
+// Numerics: bf16 weights, activations, residual stream and KV; fp32 accumulation, softmax and
+// logits. Results match the CPU forward within bf16 rounding, not bit for bit.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/attention.cuh"
+#include "worker/model/backend.h"
+#include "worker/model/cuda/cuda_kv_storage.h"
+#include "worker/model/cuda/device_array.h"
+#include "worker/model/device.h"
+
+namespace tandem {
+
+class Transformer;
+
+class CudaTransformer final : public ModelBackend {
+ public:
+  static constexpr std::array<int, 7> kGraphBuckets = {1, 2, 4, 8, 16, 32, 64};
+
+  // Uploads `model`'s weights; `model` must outlive the backend.
+  static absl::StatusOr<std::unique_ptr<CudaTransformer>> Create(const Transformer* model,
+                                                                 const DeviceOptions& options);
+  ~CudaTransformer() override;
+
+  absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch,
+                                                    KvCache& kv) override;
+  KvStorageFactory StorageFactory() override;
+  bool OwnsStorage(const KvCache& kv) const override;
+  void LoraChanged() override { lora_dirty_ = true; }
+
+  struct Stats {
+    int64_t eager_steps = 0;
+    int64_t graph_replays = 0;
+    int64_t graphs_captured = 0;
+  };
+  const Stats& stats() const { return stats_; }
+  bool graphs_enabled() const { return graphs_; }
+  void set_graphs_enabled(bool enabled) { graphs_ = enabled; }
+
+  // The bucket a decode step of `extends` extends runs in; 0 when above every bucket.
+  static int GraphBucket(int extends);
+
+ private:
+  using Bf16 = __nv_bfloat16;
+
+  struct DeviceLayer {
+    cuda_backend::DeviceArray<Bf16> input_norm, qkv, qkv_bias, q_norm, k_norm, o, o_bias, post_norm,
+        gate_up, gate_up_bias, down, down_bias;
+  };
+  struct DeviceLora {
+    int rank = 0;
+    cuda_backend::DeviceArray<Bf16> a, b;
+  };
+
+  // A step's inputs on the host, in the layout the device buffers take.
+  struct StepInputs {
+    int tokens = 0;
+    std::vector<int> extend_offsets, extend_tokens;  // per batch extend
+    std::vector<int32_t> ids, positions;
+    std::vector<int64_t> slots;
+    std::vector<uint8_t> gate;
+    bool any_gate = false;
+    std::vector<kernels::cuda::AttentionExtend> extends;  // extends with tokens only
+    std::vector<int32_t> tables;
+    std::vector<uint64_t> masks;
+    std::vector<int32_t> out_rows;
+    int max_kv_len = 0;
+    std::vector<std::vector<float>> inv_freq;  // dynamic RoPE: per batch extend
+    std::vector<float> rope_scaling;           // dynamic RoPE: per batch extend
+  };
+
+  // Device buffers of a step.
+  struct StepBuffers {
+    cuda_backend::DeviceArray<int32_t> ids, positions, tables, out_rows;
+    cuda_backend::DeviceArray<int64_t> slots;
+    cuda_backend::DeviceArray<uint8_t> gate;
+    cuda_backend::DeviceArray<kernels::cuda::AttentionExtend> extends;
+    cuda_backend::DeviceArray<uint64_t> masks;
+    cuda_backend::DeviceArray<float> inv_freq;
+    cuda_backend::DeviceArray<Bf16> x, h, qkv, attn, proj, gate_up, act, gathered;
+    cuda_backend::DeviceArray<float> logits;
+    cuda_backend::DeviceArray<char> workspace;
+    int token_capacity = 0;  // rows of the activation buffers
+  };
+
+  CudaTransformer(const Transformer* model, const DeviceOptions& options);
+  absl::Status Init();
+  absl::Status UploadLora();
+
+  StepInputs Plan(std::span<const Extend> batch, const KvCache& kv) const;
+  bool DecodeStep(std::span<const Extend> batch) const;
+  absl::Status Reserve(StepBuffers& b, const StepInputs& in, size_t workspace_bytes) const;
+  absl::Status Upload(StepBuffers& b, const StepInputs& in) const;
+  kernels::cuda::PagedAttentionParams AttentionParams(const StepBuffers& b, const StepInputs& in,
+                                                      const cuda_backend::CudaKvStorage& kv,
+                                                      int splits) const;
+  size_t WorkspaceBytes(const StepInputs& in, int splits) const;
+  // Enqueues the forward of `in` (uploaded to `b`) on the stream. `taps` (eager only): layers
+  // whose residual stream is copied to (*tapped)[layer].
+  absl::Status Enqueue(StepBuffers& b, const StepInputs& in, cuda_backend::CudaKvStorage& kv,
+                       int splits, const std::vector<bool>* taps,
+                       std::vector<std::vector<Bf16>>* tapped);
+  absl::Status Gemm(const Bf16* x, int ldx, const Bf16* w, const Bf16* bias, void* y, int ldy,
+                    bool fp32_out, int m, int n, int k, StepBuffers& b);
+  absl::Status Lora(int layer, int target, const Bf16* x, int x_stride, int in_dim, Bf16* y,
+                    int y_stride, int tokens, StepBuffers& b);
+
+  absl::StatusOr<std::vector<ExtendOutput>> RunEager(std::span<const Extend> batch,
+                                                     const StepInputs& in,
+                                                     cuda_backend::CudaKvStorage& kv);
+  absl::StatusOr<std::vector<ExtendOutput>> RunGraph(std::span<const Extend> batch, StepInputs in,
+                                                     cuda_backend::CudaKvStorage& kv);
+  void DropGraphs();
+
+  const Transformer* model_;
+  bool graphs_;
+  bool split_qkv_ = false;  // q/k norms: q, k and v projected apart
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cuda_backend::DeviceArray<Bf16> embed_, head_, final_norm_;
+  const Bf16* head_ptr_ = nullptr;  // head_, or embed_ when tied
+  std::vector<DeviceLayer> layers_;
+  cuda_backend::DeviceArray<float> inv_freq_;
+  float rope_scaling_ = 1.0f;
+  bool dynamic_rope_ = false;
+  // LoRA: [layer][LoraTarget]; rank 0 = none.
+  std::vector<std::array<DeviceLora, 7>> lora_;
+  float lora_scale_ = 1.0f;
+  bool lora_dirty_ = true;
+  bool has_lora_ = false;
+
+  StepBuffers eager_;
+  StepBuffers graph_buffers_;      // fixed while graphs exist
+  int graph_table_width_ = 0;      // block table entries per extend in graph_buffers_
+  uint64_t graph_storage_id_ = 0;  // CudaKvStorage::id() of the pools the graphs read
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_by_key_;  // (bucket, splits)
+  Stats stats_;
+};
+
+}  // namespace tandem
