@@ -4,16 +4,18 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/version.h"
+#include "httplib.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -98,7 +100,7 @@ std::string_view MetricsRoleName(MetricsRole role) {
   return "unknown";
 }
 
-// The exposer's view of the process: runs the scrape hook (one scrape at a time, so hooks may
+// A scrape's view of the process: runs the scrape hook (one scrape at a time, so hooks may
 // keep state such as the last value of a polled counter), then collects the registry.
 class ServiceMetrics::Scrape final : public prometheus::Collectable {
  public:
@@ -203,29 +205,58 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
   }
 }
 
+// /metrics over cpp-httplib. Not prometheus-cpp's civetweb exposer: civetweb starts its threads
+// with a fixed 100 KiB stack, which glibc refuses (EINVAL) once a library with a large static
+// TLS block is loaded — cuBLAS, linked by the CUDA backend, needs about 110 KiB — so every
+// service built with CUDA failed to serve metrics.
+class ServiceMetrics::Endpoint {
+ public:
+  ~Endpoint() {
+    server.stop();
+    if (thread.joinable()) thread.join();
+  }
+  httplib::Server server;
+  std::thread thread;
+  absl::Mutex scrape_mu;  // scrapes run one at a time (the hook's contract)
+};
+
 ServiceMetrics::~ServiceMetrics() = default;
 
 absl::StatusOr<std::string> ServiceMetrics::Serve(const std::string& listen) {
-  if (exposer_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
+  if (endpoint_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
   const size_t colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size() ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-listen must be host:port, got '", listen, "'"));
   }
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on '", listen, "': ", e.what(),
-                                               " (address in use or not local?)"));
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);  // [::1]:9090
   }
-  exposer_->RegisterCollectable(scrape_);
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  if (ports.empty() || ports.front() == 0) {
-    exposer_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on '", listen, "': no port was bound"));
+  auto endpoint = std::make_unique<Endpoint>();
+  endpoint->server.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  endpoint->server.Get("/metrics", [this, mu = &endpoint->scrape_mu](const httplib::Request&,
+                                                                     httplib::Response& res) {
+    std::string text;
+    {
+      absl::MutexLock lock(mu);
+      text = TextFormat();
+    }
+    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
+  });
+  const int bound = port == 0 ? endpoint->server.bind_to_any_port(host)
+                              : (endpoint->server.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on '", listen,
+                                               "': cannot bind (address in use or not local?)"));
   }
-  return absl::StrCat(listen.substr(0, colon), ":", ports.front());
+  httplib::Server* server = &endpoint->server;
+  endpoint->thread = std::thread([server] { server->listen_after_bind(); });
+  endpoint_ = std::move(endpoint);
+  const std::string shown = listen.substr(0, colon);
+  return absl::StrCat(shown, ":", bound);
 }
 
 void ServiceMetrics::SetScrapeHook(std::function<void(ServiceMetrics&)> hook) {

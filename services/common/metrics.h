@@ -1,5 +1,5 @@
 // Prometheus metrics of one service process (docs/METRICS.md is the contract): the metric
-// families, helpers that record requests, steps and drafts, and an HTTP exposer serving the
+// families, helpers that record requests, steps and drafts, and an HTTP endpoint serving the
 // text format on /metrics at --metrics-listen.
 //
 // Every series carries the label service="router" | "verifier" | "drafter". Each role registers
@@ -7,8 +7,8 @@
 // exported.
 //
 // Thread-safety: ServiceMetrics may be used from any thread (prometheus-cpp's metrics are
-// atomic and its families lock); the scrape hook runs on the exposer's threads, one at a time.
-// A RequestRecorder belongs to one request and is driven by one thread at a time.
+// atomic and its families lock); the scrape hook runs on the HTTP endpoint's threads, one at a
+// time. A RequestRecorder belongs to one request and is driven by one thread at a time.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,6 @@ class App;
 
 namespace prometheus {
 class Counter;
-class Exposer;
 class Gauge;
 class Histogram;
 class Registry;
@@ -108,12 +107,13 @@ class ServiceMetrics {
   void AddDrafterForwards(int64_t forwards);
 
  private:
-  class Scrape;  // the collectable the exposer reads: runs the hook, then the registry
+  class Scrape;    // the collectable a scrape reads: runs the hook, then the registry
+  class Endpoint;  // the HTTP server of /metrics and its thread
 
   const MetricsRole role_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<Scrape> scrape_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<Endpoint> endpoint_;
 
   // Null where the role does not export the family.
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
