@@ -4,22 +4,26 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/bench_prompts.h"
+#include "services/cli/bench_serve_stats.h"
 #include "services/cli/bench_stream.h"
 #include "services/cli/child_process.h"
 #include "services/cli/local_cluster.h"
@@ -35,40 +39,17 @@ constexpr char kWho[] = "tandem bench serve";
 const char* const kDefaultFixedModes[] = {"ar", "spec", "self_spec", "jacobi"};
 constexpr char kPlotScript[] = "tools/bench/plot_serve.py";
 constexpr char kPython[] = "/usr/bin/python3";
+// How long to wait for the router to know a verifier.
+constexpr absl::Duration kReadyTimeout = absl::Seconds(60);
 
 double SecondsBetween(BenchClock::time_point from, BenchClock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-// One (mode, concurrency) cell.
-struct Level {
-  std::string mode;
-  int concurrency = 0;
-  int issued = 0;
-  int completed = 0;
-  int errors = 0;
-  std::string first_error;
-  // The measurement window, in which every client was busy: from the start until the first
-  // client found no more work (--requests-per-level), or the level's duration (--duration).
-  // Throughput counts the tokens that arrived inside it.
-  double window_seconds = 0;
-  double wall_seconds = 0;  // until the last request finished
-  int64_t window_tokens = 0;
-  int64_t output_tokens = 0;  // all completed requests
-  std::vector<double> ttft, itl, e2e;
-  std::map<std::string, int> served_modes;  // what the server reported per request
-
-  double TokensPerSecond() const {
-    return window_seconds > 0 ? static_cast<double>(window_tokens) / window_seconds : 0;
-  }
-  // Tokens/s over the mean tokens of a completed request: the rate at which the window's
-  // token throughput completes requests (a count of completions inside the window would say
-  // nothing when a request lasts about as long as the window).
-  double RequestsPerSecond() const {
-    return output_tokens > 0 ? TokensPerSecond() * completed / static_cast<double>(output_tokens)
-                             : 0;
-  }
-};
+BenchClock::time_point After(BenchClock::time_point from, double seconds) {
+  return from +
+         std::chrono::duration_cast<BenchClock::duration>(std::chrono::duration<double>(seconds));
+}
 
 v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mode,
                                 int max_tokens) {
@@ -80,126 +61,254 @@ v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mo
   return request;
 }
 
+TimedStream Generate(v1::Generation::Stub& stub, const std::string& prompt, const std::string& mode,
+                     int max_tokens, BenchClock::time_point start) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  auto reader = stub.Generate(&context, MakeRequest(prompt, mode, max_tokens));
+  return ReadTimed(*reader, start);
+}
+
 int RequestsFor(const BenchServeArgs& args, int concurrency) {
   if (args.requests_per_level > 0) return std::max(args.requests_per_level, concurrency);
   return std::max(16, 4 * concurrency);
 }
 
+absl::Status CheckArgs(const BenchServeArgs& args) {
+  if (args.concurrency.empty()) return absl::InvalidArgumentError("--concurrency is empty");
+  for (int c : args.concurrency) {
+    if (c < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--concurrency levels must be >= 1, got ", c));
+    }
+  }
+  if (args.rounds < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--rounds must be >= 1, got ", args.rounds));
+  }
+  if (!std::isfinite(args.warmup_seconds) || args.warmup_seconds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--warmup must be >= 0 seconds (0 = none), got ", args.warmup_seconds));
+  }
+  if (!std::isfinite(args.duration_seconds) || args.duration_seconds < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--duration must be >= 0 seconds (0 = a request count), got ", args.duration_seconds));
+  }
+  if (args.requests_per_level < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--requests-per-level must be >= 0, got ", args.requests_per_level));
+  }
+  if (args.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-tokens must be >= 1, got ", args.max_tokens));
+  }
+  return absl::OkStatus();
+}
+
+// Waits until the router knows a model. It answers ListModels from the verifiers it has heard
+// from, so the list is empty until its first poll of a verifier succeeded; a verifier calibrates
+// its cost model before it listens, so from then on the router's mode policy has that cost model
+// too. A router that does not answer at all is an error at once.
+absl::StatusOr<v1::ListModelsResponse> WaitForModels(v1::Generation::Stub& stub,
+                                                     const std::string& address,
+                                                     absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  for (;;) {
+    v1::ListModelsResponse models;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status status = stub.ListModels(&context, {}, &models);
+    if (!status.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("ListModels at ", address, ": ", DescribeStatus(status)));
+    }
+    if (models.models_size() > 0) return models;
+    if (absl::Now() >= give_up) {
+      return absl::UnavailableError(absl::StrCat(address, " serves no model after ",
+                                                 absl::FormatDuration(timeout),
+                                                 " (no verifier has answered it)"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+struct WarmupCount {
+  int requests = 0;
+  int errors = 0;
+  std::string first_error;
+};
+
+// Unrecorded closed-loop traffic: `concurrency` clients in `mode` for `seconds`, each sending
+// at least one full-length request (the first requests of a mode pay for page faults, thread
+// pools, drafter sessions, and the verifier's cost model learns the mode at this load).
+WarmupCount WarmUp(v1::Generation::Stub& stub, const std::vector<Prompt>& prompts,
+                   const std::string& mode, int concurrency, double seconds, int max_tokens) {
+  WarmupCount count;
+  absl::Mutex mu;
+  std::atomic<int> next{0};
+  const BenchClock::time_point deadline = After(BenchClock::now(), seconds);
+  auto client = [&] {
+    do {
+      const int i = next.fetch_add(1);
+      TimedStream stream = Generate(stub, prompts[static_cast<size_t>(i) % prompts.size()].text,
+                                    mode, max_tokens, BenchClock::now());
+      absl::MutexLock lock(&mu);
+      ++count.requests;
+      if (!stream.ok() && count.errors++ == 0) count.first_error = DescribeStatus(stream.status);
+    } while (BenchClock::now() < deadline);
+  };
+  std::vector<std::thread> clients;
+  clients.reserve(static_cast<size_t>(concurrency));
+  for (int c = 0; c < concurrency; ++c) clients.emplace_back(client);
+  for (std::thread& t : clients) t.join();
+  return count;
+}
+
+// The 1-minute load average from /proc/loadavg; -1 where there is none.
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  if (!(in >> load)) return -1;
+  return load;
+}
+
 // Closed loop: `concurrency` clients, each sending its next request when the previous one
-// finished, until the level's requests (or its duration) are used up.
-Level RunLevel(v1::Generation::Stub& stub, const std::vector<Prompt>& prompts,
-               const std::string& mode, int concurrency, const BenchServeArgs& args) {
-  Level level{.mode = mode, .concurrency = concurrency};
+// finished, until the window's requests (or its duration) are used up.
+ServeWindow RunWindow(v1::Generation::Stub& stub, const std::vector<Prompt>& prompts,
+                      const std::string& mode, int concurrency, const BenchServeArgs& args) {
+  ServeWindow window{.mode = mode, .concurrency = concurrency};
   const int requests = RequestsFor(args, concurrency);
   const bool timed = args.duration_seconds > 0;
   std::atomic<int> next{0};
   absl::Mutex mu;
   struct Done {
-    double start = 0;  // seconds after the level started
+    double start = 0;  // seconds after the window started
     TimedStream stream;
   };
   std::vector<Done> done;
   double first_idle = -1;  // when the first client found no more work
-  const BenchClock::time_point level_start = BenchClock::now();
-  const BenchClock::time_point deadline =
-      level_start + std::chrono::duration_cast<BenchClock::duration>(
-                        std::chrono::duration<double>(args.duration_seconds));
+  const BenchClock::time_point window_start = BenchClock::now();
+  const BenchClock::time_point deadline = After(window_start, args.duration_seconds);
   auto client = [&] {
     for (;;) {
       const BenchClock::time_point start = BenchClock::now();
       const int i = next.fetch_add(1);
       if (timed ? start >= deadline : i >= requests) {
         absl::MutexLock lock(&mu);
-        const double idle = SecondsBetween(level_start, start);
+        const double idle = SecondsBetween(window_start, start);
         if (first_idle < 0 || idle < first_idle) first_idle = idle;
         return;
       }
       const Prompt& prompt = prompts[static_cast<size_t>(i) % prompts.size()];
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-      auto reader = stub.Generate(&context, MakeRequest(prompt.text, mode, args.max_tokens));
-      TimedStream stream = ReadTimed(*reader, start);
+      TimedStream stream = Generate(stub, prompt.text, mode, args.max_tokens, start);
       absl::MutexLock lock(&mu);
-      done.push_back({SecondsBetween(level_start, start), std::move(stream)});
+      done.push_back({SecondsBetween(window_start, start), std::move(stream)});
     }
   };
   std::vector<std::thread> clients;
   clients.reserve(static_cast<size_t>(concurrency));
   for (int c = 0; c < concurrency; ++c) clients.emplace_back(client);
   for (std::thread& t : clients) t.join();
-  level.wall_seconds = SecondsBetween(level_start, BenchClock::now());
-  level.window_seconds = timed ? args.duration_seconds : first_idle;
+  window.wall_seconds = SecondsBetween(window_start, BenchClock::now());
+  window.window_seconds = timed ? args.duration_seconds : first_idle;
+  window.load_average = LoadAverage();
 
   for (const Done& d : done) {
-    ++level.issued;
+    ++window.issued;
     const TimedStream& s = d.stream;
     if (!s.ok()) {
-      if (level.errors++ == 0) level.first_error = DescribeStatus(s.status);
+      if (window.errors++ == 0) window.first_error = DescribeStatus(s.status);
       continue;
     }
-    ++level.completed;
-    ++level.served_modes[s.mode.empty() ? "?" : s.mode];
-    level.output_tokens += static_cast<int64_t>(s.tokens.size());
+    ++window.completed;
+    ++window.served_modes[s.mode.empty() ? "?" : s.mode];
+    window.output_tokens += static_cast<int64_t>(s.tokens.size());
     for (const TimedStream::Chunk& chunk : s.chunks) {
-      if (d.start + chunk.time <= level.window_seconds) level.window_tokens += chunk.tokens;
+      if (d.start + chunk.time <= window.window_seconds) window.window_tokens += chunk.tokens;
     }
-    if (!s.chunks.empty()) level.ttft.push_back(s.FirstToken());
+    if (!s.chunks.empty()) window.ttft.push_back(s.FirstToken());
     const std::vector<double> itl = s.InterTokenLatencies();
-    level.itl.insert(level.itl.end(), itl.begin(), itl.end());
-    level.e2e.push_back(s.end);
+    window.itl.insert(window.itl.end(), itl.begin(), itl.end());
+    window.e2e.push_back(s.end);
   }
-  return level;
+  return window;
 }
 
-nlohmann::json LevelJson(const Level& l) {
+nlohmann::json WindowJson(const ServeWindow& w) {
   return {
-      {"mode", l.mode},
-      {"concurrency", l.concurrency},
-      {"requests", l.completed},
-      {"errors", l.errors},
-      {"first_error", l.first_error},
-      {"served_modes", l.served_modes},
-      {"output_tokens", l.output_tokens},
-      {"window_seconds", l.window_seconds},
-      {"window_tokens", l.window_tokens},
-      {"wall_seconds", l.wall_seconds},
-      {"tokens_per_second", l.TokensPerSecond()},
-      {"requests_per_second", l.RequestsPerSecond()},
-      {"ttft_p50_seconds", Quantile(l.ttft, 0.5)},
-      {"ttft_p99_seconds", Quantile(l.ttft, 0.99)},
-      {"itl_p50_seconds", Quantile(l.itl, 0.5)},
-      {"itl_p99_seconds", Quantile(l.itl, 0.99)},
-      {"e2e_p50_seconds", Quantile(l.e2e, 0.5)},
-      {"e2e_p99_seconds", Quantile(l.e2e, 0.99)},
+      {"round", w.round},
+      {"position", w.position},
+      {"requests", w.completed},
+      {"errors", w.errors},
+      {"first_error", w.first_error},
+      {"served_modes", w.served_modes},
+      {"output_tokens", w.output_tokens},
+      {"window_seconds", w.window_seconds},
+      {"window_tokens", w.window_tokens},
+      {"wall_seconds", w.wall_seconds},
+      {"tokens_per_second", w.TokensPerSecond()},
+      {"requests_per_second", w.RequestsPerSecond()},
+      {"load_average", w.load_average},
   };
 }
 
-std::string ServedModes(const Level& l) {
+// Counts and times are sums over the rounds; tokens/s and requests/s are medians over them;
+// latency percentiles are over every round's requests.
+nlohmann::json CellJson(const ServeCell& c) {
+  double window_seconds = 0, wall_seconds = 0;
+  int64_t window_tokens = 0;
+  nlohmann::json rounds = nlohmann::json::array();
+  for (const ServeWindow& w : c.rounds) {
+    window_seconds += w.window_seconds;
+    wall_seconds += w.wall_seconds;
+    window_tokens += w.window_tokens;
+    rounds.push_back(WindowJson(w));
+  }
+  const std::vector<double> ttft = c.Ttft(), itl = c.Itl(), e2e = c.E2e();
+  return {
+      {"mode", c.mode},
+      {"concurrency", c.concurrency},
+      {"requests", c.Completed()},
+      {"errors", c.Errors()},
+      {"first_error", c.FirstError()},
+      {"served_modes", c.ServedModes()},
+      {"output_tokens", c.OutputTokens()},
+      {"window_seconds", window_seconds},
+      {"window_tokens", window_tokens},
+      {"wall_seconds", wall_seconds},
+      {"tokens_per_second", c.MedianTokensPerSecond()},
+      {"tokens_per_second_min", c.MinTokensPerSecond()},
+      {"tokens_per_second_max", c.MaxTokensPerSecond()},
+      {"requests_per_second", c.MedianRequestsPerSecond()},
+      {"ttft_p50_seconds", Quantile(ttft, 0.5)},
+      {"ttft_p99_seconds", Quantile(ttft, 0.99)},
+      {"itl_p50_seconds", Quantile(itl, 0.5)},
+      {"itl_p99_seconds", Quantile(itl, 0.99)},
+      {"e2e_p50_seconds", Quantile(e2e, 0.5)},
+      {"e2e_p99_seconds", Quantile(e2e, 0.99)},
+      {"rounds", std::move(rounds)},
+  };
+}
+
+std::string ServedModes(const ServeCell& c) {
+  const std::map<std::string, int> served = c.ServedModes();
   std::vector<std::string> parts;
-  for (const auto& [mode, count] : l.served_modes) {
-    parts.push_back(l.served_modes.size() == 1 ? mode : absl::StrCat(mode, " ", count));
+  for (const auto& [mode, count] : served) {
+    parts.push_back(served.size() == 1 ? mode : absl::StrCat(mode, " ", count));
   }
   return absl::StrJoin(parts, ", ");
 }
 
-void PrintRow(const Level& l) {
+void PrintRow(const ServeCell& c) {
   auto ms = [](const std::vector<double>& v, double q) { return Quantile(v, q) * 1e3; };
+  const std::vector<double> ttft = c.Ttft(), itl = c.Itl(), e2e = c.E2e();
   std::printf(
-      "| %d | %s | %s | %d | %d | %.1f | %.2f | %.1f / %.1f | %.2f / %.2f | %.0f / %.0f |\n",
-      l.concurrency, l.mode.c_str(), ServedModes(l).c_str(), l.completed, l.errors,
-      l.TokensPerSecond(), l.RequestsPerSecond(), ms(l.ttft, 0.5), ms(l.ttft, 0.99), ms(l.itl, 0.5),
-      ms(l.itl, 0.99), ms(l.e2e, 0.5), ms(l.e2e, 0.99));
+      "| %d | %s | %s | %d | %d | %.1f | %.1f – %.1f | %.2f | %.1f / %.1f | %.2f / %.2f | "
+      "%.0f / %.0f |\n",
+      c.concurrency, c.mode.c_str(), ServedModes(c).c_str(), c.Completed(), c.Errors(),
+      c.MedianTokensPerSecond(), c.MinTokensPerSecond(), c.MaxTokensPerSecond(),
+      c.MedianRequestsPerSecond(), ms(ttft, 0.5), ms(ttft, 0.99), ms(itl, 0.5), ms(itl, 0.99),
+      ms(e2e, 0.5), ms(e2e, 0.99));
   std::fflush(stdout);
 }
-
-struct Ratio {
-  int concurrency = 0;
-  double auto_tps = 0;
-  std::string best_mode;
-  double best_tps = 0;
-  double ratio = 0;
-  bool pass = false;
-};
 
 // Runs `/usr/bin/python3 tools/bench/plot_serve.py JSON PNG`. A message saying why not (and how
 // to make the plot by hand) when it cannot.
@@ -229,10 +338,7 @@ int RunBenchServe(const BenchServeArgs& args) {
     std::fprintf(stderr, "%s: %s\n", kWho, std::string(status.message()).c_str());
     return 1;
   };
-  if (args.concurrency.empty()) return fail(absl::InvalidArgumentError("--concurrency is empty"));
-  for (int c : args.concurrency) {
-    if (c < 1) return fail(absl::InvalidArgumentError("--concurrency levels must be >= 1"));
-  }
+  if (absl::Status checked = CheckArgs(args); !checked.ok()) return fail(checked);
   std::string prompts_file = args.prompts_file;
   if (prompts_file.empty()) {
     absl::StatusOr<std::string> model_dir = FindModelDir(args.model_dir);
@@ -260,21 +366,11 @@ int RunBenchServe(const BenchServeArgs& args) {
   if (!channel.ok()) return fail(channel.status());
   auto stub = v1::Generation::NewStub(*channel);
 
-  // The modes the cluster serves, to pick the defaults and to refuse unknown ones up front.
-  v1::ListModelsResponse models;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    const grpc::Status status = stub->ListModels(&context, {}, &models);
-    if (!status.ok()) {
-      return fail(absl::UnavailableError(
-          absl::StrCat("ListModels at ", address, ": ", DescribeStatus(status))));
-    }
-    if (models.models_size() == 0) {
-      return fail(absl::UnavailableError(absl::StrCat(address, " serves no model")));
-    }
-  }
-  const auto& served = models.models(0).modes();
+  // The modes the cluster serves, to pick the defaults and to refuse unknown ones up front; the
+  // wait is also the readiness check (see WaitForModels).
+  absl::StatusOr<v1::ListModelsResponse> models = WaitForModels(*stub, address, kReadyTimeout);
+  if (!models.ok()) return fail(models.status());
+  const auto& served = models->models(0).modes();
   auto is_served = [&served](const std::string& mode) {
     return mode == "auto" || std::find(served.begin(), served.end(), mode) != served.end();
   };
@@ -298,67 +394,102 @@ int RunBenchServe(const BenchServeArgs& args) {
     }
   }
 
-  // Warm-up: the first requests of each mode pay for page faults, thread pools, drafter
-  // sessions.
-  for (const std::string& mode : modes) {
-    for (int i = 0; i < 2; ++i) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
-      auto reader = stub->Generate(&context, MakeRequest(prompts->at(i % prompts->size()).text,
-                                                         mode, std::min(8, args.max_tokens)));
-      TimedStream warm = ReadTimed(*reader, BenchClock::now());
-      if (!warm.ok()) {
-        return fail(absl::UnavailableError(
-            absl::StrCat("warm-up request in mode ", mode, ": ", DescribeStatus(warm.status))));
+  // Warm-up, per mode: closed-loop traffic at C = 1 and at the first level's C, half the time
+  // each (all of it at C = 1 when that is the first level), nothing recorded.
+  if (args.warmup_seconds > 0) {
+    std::vector<int> warm_levels = {1};
+    if (args.concurrency.front() != 1) warm_levels.push_back(args.concurrency.front());
+    const double seconds = args.warmup_seconds / static_cast<double>(warm_levels.size());
+    if (!args.json) {
+      std::fprintf(stderr, "%s: warming up each mode for %g s (C = %s)\n", kWho,
+                   args.warmup_seconds, absl::StrJoin(warm_levels, ", then C = ").c_str());
+    }
+    for (const std::string& mode : modes) {
+      for (int concurrency : warm_levels) {
+        const WarmupCount warm =
+            WarmUp(*stub, *prompts, mode, concurrency, seconds, args.max_tokens);
+        if (warm.errors == warm.requests) {
+          return fail(absl::UnavailableError(absl::StrCat("every warm-up request in mode ", mode,
+                                                          " at C = ", concurrency,
+                                                          " failed: ", warm.first_error)));
+        }
+        if (warm.errors > 0) {
+          std::fprintf(stderr, "%s: warm-up in mode %s at C = %d: %d of %d requests failed: %s\n",
+                       kWho, mode.c_str(), concurrency, warm.errors, warm.requests,
+                       warm.first_error.c_str());
+        }
       }
     }
   }
 
-  const std::string model_label = cluster ? cluster->model_dir() : models.models(0).id();
+  const std::string model_label = cluster ? cluster->model_dir() : models->models(0).id();
   if (!args.json) {
     std::printf(
-        "serving under load: %s, %zu prompts, %d tokens each, greedy; %s per level\n",
+        "serving under load: %s, %zu prompts, %d tokens each, greedy; %s per window, %d "
+        "round%s per level (mode order rotated each round), %g s warm-up per mode\n",
         cluster ? absl::StrCat("local cluster (", model_label, ")").c_str() : address.c_str(),
         prompts->size(), args.max_tokens,
         args.duration_seconds > 0
             ? absl::StrCat(args.duration_seconds, " s").c_str()
             : (args.requests_per_level > 0
                    ? absl::StrCat(args.requests_per_level, " requests").c_str()
-                   : "max(16, 4 x C) requests"));
+                   : "max(16, 4 x C) requests"),
+        args.rounds, args.rounds == 1 ? "" : "s", args.warmup_seconds);
     std::printf(
-        "tokens/s over the window in which all C clients were busy; requests/s = tokens/s / "
-        "mean tokens per request; latencies over every request, in ms\n\n");
+        "tokens/s: median over the rounds of the tokens that arrived while all C clients were "
+        "busy, over that window (min – max across the rounds); requests/s = tokens/s / mean "
+        "tokens per request (median); requests, errors and served as summed over the rounds; "
+        "latencies over every round's requests, in ms\n\n");
     std::printf(
-        "| C | mode | served as | requests | errors | tokens/s | requests/s | TTFT p50 / p99 | "
-        "ITL p50 / p99 | E2E p50 / p99 |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        "| C | mode | served as | requests | errors | tokens/s (median) | min – max | requests/s "
+        "| TTFT p50 / p99 | ITL p50 / p99 | E2E p50 / p99 |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::fflush(stdout);
   }
-  std::vector<Level> levels;
-  std::vector<Ratio> ratios;
-  bool broken = false;
+  // cells[level * modes.size() + mode]: C-major, the modes in the order given.
+  std::vector<ServeCell> cells;
   for (int concurrency : args.concurrency) {
-    Ratio ratio{.concurrency = concurrency};
-    bool have_auto = false;
-    for (const std::string& mode : modes) {
-      Level level = RunLevel(*stub, *prompts, mode, concurrency, args);
-      if (level.completed == 0) {
-        broken = true;
-        std::fprintf(stderr, "%s: every request failed in mode %s at concurrency %d: %s\n", kWho,
-                     mode.c_str(), concurrency, level.first_error.c_str());
+    for (const std::string& mode : modes)
+      cells.push_back({.mode = mode, .concurrency = concurrency});
+  }
+  std::vector<AutoVsBest> ratios;
+  bool broken = false;
+  for (size_t l = 0; l < args.concurrency.size(); ++l) {
+    const int concurrency = args.concurrency[l];
+    ServeCell* level_cells = &cells[l * modes.size()];
+    auto cell_of = [&](const std::string& mode) -> ServeCell& {
+      return level_cells[std::find(modes.begin(), modes.end(), mode) - modes.begin()];
+    };
+    for (int round = 0; round < args.rounds; ++round) {
+      const std::vector<std::string> order = RoundOrder(modes, round);
+      std::vector<std::string> progress;
+      for (size_t position = 0; position < order.size(); ++position) {
+        ServeWindow window = RunWindow(*stub, *prompts, order[position], concurrency, args);
+        window.round = round;
+        window.position = static_cast<int>(position);
+        if (window.completed == 0) {
+          broken = true;
+          std::fprintf(
+              stderr, "%s: every request failed in mode %s at concurrency %d, round %d: %s\n", kWho,
+              window.mode.c_str(), concurrency, round + 1, window.first_error.c_str());
+        }
+        progress.push_back(absl::StrFormat("%s %.1f", window.mode, window.TokensPerSecond()));
+        cell_of(window.mode).rounds.push_back(std::move(window));
       }
-      if (!args.json) PrintRow(level);
-      if (mode == "auto") {
-        have_auto = true;
-        ratio.auto_tps = level.TokensPerSecond();
-      } else if (level.TokensPerSecond() > ratio.best_tps) {
-        ratio.best_tps = level.TokensPerSecond();
-        ratio.best_mode = mode;
+      if (!args.json) {
+        std::fprintf(stderr, "%s: C = %d, round %d/%d: %s tokens/s (load average %.1f, %u cpus)\n",
+                     kWho, concurrency, round + 1, args.rounds,
+                     absl::StrJoin(progress, ", ").c_str(), LoadAverage(),
+                     std::thread::hardware_concurrency());
       }
-      levels.push_back(std::move(level));
     }
-    if (have_auto && ratio.best_tps > 0) {
-      ratio.ratio = ratio.auto_tps / ratio.best_tps;
-      ratio.pass = ratio.ratio >= args.threshold;
-      ratios.push_back(ratio);
+    std::vector<const ServeCell*> at_level;
+    for (size_t m = 0; m < modes.size(); ++m) {
+      at_level.push_back(&level_cells[m]);
+      if (!args.json) PrintRow(level_cells[m]);
+    }
+    if (std::optional<AutoVsBest> ratio = CompareAutoWithBest(at_level, args.threshold)) {
+      ratios.push_back(*ratio);
     }
   }
 
@@ -370,33 +501,50 @@ int RunBenchServe(const BenchServeArgs& args) {
       {"max_tokens", args.max_tokens},
       {"requests_per_level", args.requests_per_level},
       {"duration_seconds", args.duration_seconds},
+      {"rounds", args.rounds},
+      {"warmup_seconds", args.warmup_seconds},
       {"concurrency", args.concurrency},
       {"modes", modes},
       {"threshold", args.threshold},
+      {"criterion",
+       "ratio = auto's median tokens/s over the rounds / the best fixed mode's (the fixed mode "
+       "with the highest median); pass = ratio >= threshold. paired_ratios: per round, auto / "
+       "that mode in the same round, for spread only"},
       {"cpus", std::thread::hardware_concurrency()},
       {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
   };
   j["levels"] = nlohmann::json::array();
-  for (const Level& l : levels) j["levels"].push_back(LevelJson(l));
+  for (const ServeCell& c : cells) j["levels"].push_back(CellJson(c));
   j["auto_vs_best"] = nlohmann::json::array();
-  for (const Ratio& r : ratios) {
+  for (const AutoVsBest& r : ratios) {
     j["auto_vs_best"].push_back({{"concurrency", r.concurrency},
                                  {"auto_tokens_per_second", r.auto_tps},
                                  {"best_mode", r.best_mode},
                                  {"best_tokens_per_second", r.best_tps},
                                  {"ratio", r.ratio},
-                                 {"pass", r.pass}});
+                                 {"pass", r.pass},
+                                 {"paired_ratios", r.paired_ratios},
+                                 {"paired_ratio_median", r.paired_median}});
   }
 
   if (!args.json && !ratios.empty()) {
     std::printf(
-        "\n| C | auto tokens/s | best fixed mode | its tokens/s | auto / best | >= %.2f |\n",
+        "\n| C | auto tokens/s (median) | best fixed mode | its tokens/s (median) | auto / best | "
+        ">= %.2f | paired auto / best per round (median) |\n",
         args.threshold);
-    std::printf("|---|---|---|---|---|---|\n");
-    for (const Ratio& r : ratios) {
-      std::printf("| %d | %.1f | %s | %.1f | %.3f | %s |\n", r.concurrency, r.auto_tps,
-                  r.best_mode.c_str(), r.best_tps, r.ratio, r.pass ? "PASS" : "FAIL");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    for (const AutoVsBest& r : ratios) {
+      std::vector<std::string> paired;
+      for (double p : r.paired_ratios) paired.push_back(absl::StrFormat("%.2f", p));
+      std::printf("| %d | %.1f | %s | %.1f | %.3f | %s | %s (%.3f) |\n", r.concurrency, r.auto_tps,
+                  r.best_mode.c_str(), r.best_tps, r.ratio, r.pass ? "PASS" : "FAIL",
+                  absl::StrJoin(paired, ", ").c_str(), r.paired_median);
     }
+    std::printf(
+        "\nPASS / FAIL: auto / best = auto's median tokens/s over the %d round%s / the median of "
+        "the fixed mode with the highest median. The paired column (auto over that mode in the "
+        "same round) shows the spread and does not decide.\n",
+        args.rounds, args.rounds == 1 ? "" : "s");
   }
   if (cluster) cluster->Stop();
 

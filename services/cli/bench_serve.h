@@ -3,7 +3,10 @@
 // decoding mode and for `auto` (the router's choice), at each concurrency level; throughput
 // and latency per (mode, concurrency), and auto's throughput against the best fixed mode's.
 // Modes run interleaved per level (every mode at C = 1, then every mode at C = 2, ...) so that
-// the ratios compare measurements taken side by side in time.
+// the ratios compare measurements taken side by side in time, in several rounds per level with
+// the mode order rotated each round; each cell reports the median over its rounds
+// (bench_serve_stats.h). Nothing is measured before the router knows its verifiers and every
+// mode has had a warm-up.
 //
 // `tandem bench router`: the router's cost per streamed token. The same AR greedy requests go
 // straight to the verifier and through the router, alternately, and the client-observed token
@@ -25,8 +28,10 @@ struct BenchServeArgs {
   int threads = 0;          // the launched verifier's and drafter's --threads; 0 = theirs
   std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64};
   std::vector<std::string> modes;  // "" = ar + the lossless modes served + auto
-  int requests_per_level = 0;      // per (mode, concurrency); 0 = max(16, 4 x concurrency)
-  double duration_seconds = 0;     // > 0: run each (mode, concurrency) this long instead
+  int requests_per_level = 0;      // per window; 0 = max(16, 4 x concurrency)
+  double duration_seconds = 0;     // > 0: run each window this long instead
+  int rounds = 3;                  // windows (rounds) per (mode, concurrency); >= 1
+  double warmup_seconds = 2;       // per mode before measuring; 0 = none
   int max_tokens = 64;
   std::string prompts_file;   // "" = <model>/fixtures/bench_prompts.json
   std::string out_dir = ".";  // serve.json and serve.png go here; "" = write neither

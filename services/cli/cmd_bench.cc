@@ -26,6 +26,12 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--layers", engine->layers, "Layers of the synthetic model")
       ->capture_default_str();
+  cmd->add_option("--device", engine->device, "Where the model runs: cpu (fp32) or cuda (bf16)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--cuda-graphs", engine->cuda_graphs,
+                  "With --device cuda: replay decode steps as CUDA graphs")
+      ->capture_default_str();
   cmd->callback([engine, exit_code] { *exit_code = RunBenchEngine(*engine); });
 
   auto cluster = std::make_shared<BenchClusterArgs>();
@@ -88,6 +94,14 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   modes_cmd->add_flag("--json", modes->json, "Print JSON instead of a table");
   modes_cmd->add_option("--threads", modes->threads, "CPU threads; 0 = all cores");
+  modes_cmd
+      ->add_option("--device", modes->device, "Where the models run: cpu (fp32) or cuda (bf16)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  modes_cmd
+      ->add_option("--cuda-graphs", modes->cuda_graphs,
+                   "With --device cuda: replay decode steps as CUDA graphs")
+      ->capture_default_str();
   modes_cmd->callback([modes, exit_code] { *exit_code = RunBenchModes(*modes); });
 
   auto serve = std::make_shared<BenchServeArgs>();
@@ -96,8 +110,11 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "A cluster under load: closed-loop clients (C concurrent greedy streams, each sending its "
       "next request when one finishes) through a router, per fixed mode and auto, per "
       "concurrency; tokens/s, requests/s, TTFT / inter-token / end-to-end p50 and p99, and "
-      "auto's tokens/s against the best fixed mode's. Starts a local cluster as `tandem up` "
-      "does unless --server is given; writes serve.json and serve.png to --out-dir");
+      "auto's tokens/s against the best fixed mode's. Waits until the router knows its "
+      "verifiers and warms every mode up first; runs each level in --rounds rounds (the mode "
+      "order rotated each round) and reports the median per (mode, concurrency). Starts a "
+      "local cluster as `tandem up` does unless --server is given; writes serve.json and "
+      "serve.png to --out-dir");
   serve_cmd->add_option("--server", serve->server,
                         "A running router host:port (default: start a local cluster)");
   AddClientTlsFlags(*serve_cmd, &serve->tls, "TANDEM");
@@ -111,11 +128,23 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->delimiter(',');
   serve_cmd
       ->add_option("--requests-per-level", serve->requests_per_level,
-                   "Requests per (mode, concurrency), at least the concurrency; 0 = "
+                   "Requests per (mode, concurrency, round), at least the concurrency; 0 = "
                    "max(16, 4 x concurrency)")
       ->capture_default_str();
   serve_cmd->add_option("--duration", serve->duration_seconds,
-                        "Seconds per (mode, concurrency) instead of a request count");
+                        "Seconds per (mode, concurrency, round) instead of a request count");
+  serve_cmd
+      ->add_option("--rounds", serve->rounds,
+                   "Rounds per concurrency level, each running every mode once (round k starts "
+                   "with mode k, the order rotated); tokens/s per (mode, concurrency) is the "
+                   "median over the rounds, and auto / best compares medians")
+      ->capture_default_str();
+  serve_cmd
+      ->add_option("--warmup", serve->warmup_seconds,
+                   "Seconds of unrecorded closed-loop traffic per mode before measuring, half "
+                   "at C = 1 and half at the first level's C (each client sends at least one "
+                   "request); 0 = no warm-up")
+      ->capture_default_str();
   serve_cmd->add_option("--max-tokens", serve->max_tokens, "New tokens per request")
       ->capture_default_str();
   serve_cmd->add_option(
@@ -133,7 +162,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   serve_cmd
       ->add_option("--threshold", serve->threshold,
-                   "auto's tokens/s over the best fixed mode's needed to PASS")
+                   "auto's median tokens/s over the best fixed mode's median needed to PASS")
       ->capture_default_str();
   serve_cmd->add_flag("--json", serve->json, "Print JSON instead of a table");
   serve_cmd->callback([serve, exit_code] { *exit_code = RunBenchServe(*serve); });

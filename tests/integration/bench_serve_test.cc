@@ -3,10 +3,14 @@
 // here through --server/--verifier. Checks the JSON both print and the file bench serve writes.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -60,7 +64,7 @@ TEST(BenchServe, RunsEveryModeAtEveryLevelAndWritesJson) {
   std::filesystem::remove_all(out_dir);
   const CommandRun run = RunTandem(absl::StrCat(
       "bench serve --concurrency 1,2 --modes ar,auto --max-tokens 8 --requests-per-level 3 "
-      "--json --out-dir '",
+      "--rounds 1 --warmup 0 --json --out-dir '",
       out_dir, "'"));
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json j = json::parse(run.out);
@@ -71,6 +75,8 @@ TEST(BenchServe, RunsEveryModeAtEveryLevelAndWritesJson) {
   EXPECT_EQ(j["concurrency"], json::array({1, 2}));
   EXPECT_EQ(j["modes"], json::array({"ar", "auto"}));
   EXPECT_EQ(j["max_tokens"], 8);
+  EXPECT_EQ(j["rounds"], 1);
+  EXPECT_EQ(j["warmup_seconds"], 0);
   ASSERT_EQ(j["levels"].size(), 4u);
   // Interleaved: every mode at C = 1, then every mode at C = 2.
   const std::pair<int, std::string> order[] = {{1, "ar"}, {1, "auto"}, {2, "ar"}, {2, "auto"}};
@@ -98,6 +104,18 @@ TEST(BenchServe, RunsEveryModeAtEveryLevelAndWritesJson) {
     if (order[i].second == "ar") {
       EXPECT_EQ(level["served_modes"], json({{"ar", 3}}));
     }
+    // One round: the cell is its round.
+    ASSERT_EQ(level["rounds"].size(), 1u);
+    const json& round = level["rounds"][0];
+    EXPECT_EQ(round["round"], 0);
+    EXPECT_EQ(round["position"], i % 2);
+    for (const char* key :
+         {"requests", "errors", "served_modes", "output_tokens", "window_seconds", "window_tokens",
+          "wall_seconds", "tokens_per_second", "requests_per_second"}) {
+      EXPECT_EQ(round[key], level[key]) << key;
+    }
+    EXPECT_EQ(level["tokens_per_second_min"], level["tokens_per_second"]);
+    EXPECT_EQ(level["tokens_per_second_max"], level["tokens_per_second"]);
   }
   ASSERT_EQ(j["auto_vs_best"].size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
@@ -109,11 +127,117 @@ TEST(BenchServe, RunsEveryModeAtEveryLevelAndWritesJson) {
     EXPECT_DOUBLE_EQ(ratio["ratio"].get<double>(), automatic["tokens_per_second"].get<double>() /
                                                        ar["tokens_per_second"].get<double>());
     EXPECT_EQ(ratio["pass"], ratio["ratio"].get<double>() >= j["threshold"].get<double>());
+    ASSERT_EQ(ratio["paired_ratios"].size(), 1u);
+    EXPECT_DOUBLE_EQ(ratio["paired_ratios"][0].get<double>(), ratio["ratio"].get<double>());
   }
   if (HasMatplotlib()) {
     EXPECT_GT(std::filesystem::file_size(out_dir + "/serve.png"), 1000u) << run.err;
   } else {
     EXPECT_THAT(run.err, ::testing::HasSubstr("no plot:"));
+  }
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Rounds: every (mode, C) cell holds one window per round, the mode order rotated each round;
+// the cell's tokens/s is the median of its rounds', its counts their sums, and auto / best
+// compares medians, with the per-round paired ratios next to it.
+TEST(BenchServe, RunsRoundsInRotatedOrderAndReportsMedians) {
+  const CommandRun run = RunTandem(
+      "bench serve --concurrency 1,2 --modes ar,auto --max-tokens 8 --requests-per-level 2 "
+      "--rounds 2 --warmup 0.2 --json --out-dir ''");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json j = json::parse(run.out);
+  EXPECT_EQ(j["rounds"], 2);
+  EXPECT_DOUBLE_EQ(j["warmup_seconds"].get<double>(), 0.2);
+  const std::vector<std::string> modes = {"ar", "auto"};
+  ASSERT_EQ(j["levels"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const json& level = j["levels"][i];
+    SCOPED_TRACE(level.dump());
+    EXPECT_EQ(level["concurrency"], i < 2 ? 1 : 2);
+    EXPECT_EQ(level["mode"], modes[i % 2]);
+    ASSERT_EQ(level["rounds"].size(), 2u);
+    std::vector<double> tps, rps;
+    int requests = 0, errors = 0, output_tokens = 0;
+    std::map<std::string, int> served;
+    for (int k = 0; k < 2; ++k) {
+      const json& round = level["rounds"][k];
+      EXPECT_EQ(round["round"], k);
+      // Round k starts with mode k: ar runs first in round 0 and last in round 1.
+      EXPECT_EQ(round["position"], (static_cast<int>(i % 2) - k + 2) % 2);
+      EXPECT_EQ(round["requests"], 2);
+      EXPECT_GT(round["tokens_per_second"].get<double>(), 0);
+      EXPECT_TRUE(round["load_average"].is_number());
+      tps.push_back(round["tokens_per_second"]);
+      rps.push_back(round["requests_per_second"]);
+      requests += round["requests"].get<int>();
+      errors += round["errors"].get<int>();
+      output_tokens += round["output_tokens"].get<int>();
+      for (const auto& [mode, count] : round["served_modes"].items()) {
+        served[mode] += count.get<int>();
+      }
+    }
+    EXPECT_DOUBLE_EQ(level["tokens_per_second"].get<double>(), Median(tps));
+    EXPECT_DOUBLE_EQ(level["tokens_per_second_min"].get<double>(), std::min(tps[0], tps[1]));
+    EXPECT_DOUBLE_EQ(level["tokens_per_second_max"].get<double>(), std::max(tps[0], tps[1]));
+    EXPECT_DOUBLE_EQ(level["requests_per_second"].get<double>(), Median(rps));
+    EXPECT_EQ(level["requests"], requests);
+    EXPECT_EQ(requests, 4);
+    EXPECT_EQ(level["errors"], errors);
+    EXPECT_EQ(level["output_tokens"], output_tokens);
+    EXPECT_EQ(level["served_modes"], json(served));
+  }
+  ASSERT_EQ(j["auto_vs_best"].size(), 2u);
+  for (size_t l = 0; l < 2; ++l) {
+    const json& ratio = j["auto_vs_best"][l];
+    const json& ar = j["levels"][2 * l];
+    const json& automatic = j["levels"][2 * l + 1];
+    SCOPED_TRACE(ratio.dump());
+    EXPECT_EQ(ratio["best_mode"], "ar");
+    EXPECT_DOUBLE_EQ(ratio["auto_tokens_per_second"].get<double>(),
+                     automatic["tokens_per_second"].get<double>());
+    EXPECT_DOUBLE_EQ(ratio["ratio"].get<double>(), automatic["tokens_per_second"].get<double>() /
+                                                       ar["tokens_per_second"].get<double>());
+    ASSERT_EQ(ratio["paired_ratios"].size(), 2u);
+    std::vector<double> paired;
+    for (int k = 0; k < 2; ++k) {
+      const double expected = automatic["rounds"][k]["tokens_per_second"].get<double>() /
+                              ar["rounds"][k]["tokens_per_second"].get<double>();
+      EXPECT_DOUBLE_EQ(ratio["paired_ratios"][k].get<double>(), expected);
+      paired.push_back(expected);
+    }
+    EXPECT_DOUBLE_EQ(ratio["paired_ratio_median"].get<double>(), Median(paired));
+  }
+}
+
+// Bad values are refused before a cluster starts.
+TEST(BenchServe, RefusesBadRoundsAndWarmup) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--rounds 0", "--rounds must be >= 1, got 0"},
+      {"--rounds -2", "--rounds must be >= 1, got -2"},
+      {"--warmup -1", "--warmup must be >= 0 seconds"},
+      {"--duration -3", "--duration must be >= 0 seconds"},
+      {"--concurrency 1,0", "--concurrency levels must be >= 1, got 0"},
+  };
+  for (const auto& [flags, message] : cases) {
+    SCOPED_TRACE(flags);
+    const CommandRun run = RunTandem(absl::StrCat("bench serve ", flags, " --out-dir ''"));
+    EXPECT_EQ(run.exit_code, 1);
+    EXPECT_THAT(run.err, ::testing::HasSubstr(message));
+    EXPECT_EQ(run.out, "");
+  }
+  // Not numbers: the command line parser refuses them.
+  for (const auto& [flag, value] : {std::pair{"--rounds", "many"}, std::pair{"--warmup", "soon"}}) {
+    SCOPED_TRACE(flag);
+    const CommandRun run =
+        RunTandem(absl::StrCat("bench serve ", flag, " ", value, " --out-dir ''"));
+    EXPECT_NE(run.exit_code, 0);
+    EXPECT_THAT(run.err, ::testing::HasSubstr(flag));
   }
 }
 

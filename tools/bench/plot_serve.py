@@ -3,10 +3,12 @@
 
     python3 tools/bench/plot_serve.py serve.json serve.png
 
-Four panels against concurrency (log2 axis), one line per mode: output tokens/s, auto's
-tokens/s over the best fixed mode's (with the pass threshold), inter-token latency and
-end-to-end latency (p50 solid, p99 dashed). Needs matplotlib (Debian: python3-matplotlib,
-installed by scripts/setup.sh).
+Four panels against concurrency (log2 axis), one line per mode: output tokens/s (the median
+over the rounds, bars from the slowest to the fastest round), auto's tokens/s over the best
+fixed mode's (medians, with the pass threshold; dashed: the median of the per-round paired
+ratios), inter-token latency and end-to-end latency (p50 solid, p99 dashed). Also reads the
+JSON of versions without rounds (one window per cell, no bars). Needs matplotlib (Debian:
+python3-matplotlib, installed by scripts/setup.sh).
 """
 
 import argparse
@@ -46,7 +48,13 @@ def main() -> int:
             continue
         c = [l["concurrency"] for l in rows]
         style = {"marker": "o", "linewidth": 2.5 if mode == "auto" else 1.5}
-        line = tps_ax.plot(c, [l["tokens_per_second"] for l in rows], label=mode, **style)[0]
+        tps = [l["tokens_per_second"] for l in rows]
+        if all("tokens_per_second_min" in l for l in rows):
+            spread = [[t - l["tokens_per_second_min"] for t, l in zip(tps, rows)],
+                      [l["tokens_per_second_max"] - t for t, l in zip(tps, rows)]]
+            line = tps_ax.errorbar(c, tps, yerr=spread, capsize=3, label=mode, **style).lines[0]
+        else:
+            line = tps_ax.plot(c, tps, label=mode, **style)[0]
         color = line.get_color()
         for ax, key in ((itl_ax, "itl"), (e2e_ax, "e2e")):
             ax.plot(c, [l[f"{key}_p50_seconds"] * 1e3 for l in rows], color=color, label=mode,
@@ -57,7 +65,11 @@ def main() -> int:
     ratios = run.get("auto_vs_best", [])
     if ratios:
         c = [r["concurrency"] for r in ratios]
-        ratio_ax.plot(c, [r["ratio"] for r in ratios], marker="o", color="black", label="auto / best")
+        ratio_ax.plot(c, [r["ratio"] for r in ratios], marker="o", color="black",
+                      label="auto / best (medians)")
+        if all("paired_ratio_median" in r for r in ratios):
+            ratio_ax.plot(c, [r["paired_ratio_median"] for r in ratios], marker=".",
+                          color="gray", linestyle="--", label="paired per round (median)")
         for r in ratios:
             ratio_ax.annotate(r["best_mode"], (r["concurrency"], r["ratio"]),
                               textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
@@ -69,8 +81,9 @@ def main() -> int:
                       transform=ratio_ax.transAxes)
 
     titles = {
-        tps_ax: ("output tokens/s", "tokens/s"),
-        ratio_ax: ("auto / best fixed mode (tokens/s; label: best mode)", "ratio"),
+        tps_ax: (f"output tokens/s (median of {run.get('rounds', 1)} rounds; bars: min to max)"
+                 if run.get("rounds", 1) > 1 else "output tokens/s", "tokens/s"),
+        ratio_ax: ("auto / best fixed mode (tokens/s, medians; label: best mode)", "ratio"),
         itl_ax: ("inter-token latency (p50 solid, p99 dashed)", "ms"),
         e2e_ax: ("end-to-end latency (p50 solid, p99 dashed)", "ms"),
     }

@@ -1,0 +1,99 @@
+// The statistics of `tandem bench serve` (bench_serve.h): what one measurement window recorded,
+// the mode order of each round, a (mode, concurrency) cell summarised over its rounds, and auto
+// against the best fixed mode at one concurrency.
+//
+// A single window is a noisy measurement (on a loaded CPU the same window varies by tens of
+// percent run to run), so every (mode, concurrency) runs in several rounds, the modes in a
+// rotated order each round, and the cell's throughput is the median over its rounds.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+// One measurement window: one (mode, concurrency, round).
+struct ServeWindow {
+  std::string mode;
+  int concurrency = 0;
+  int round = 0;     // 0-based
+  int position = 0;  // its place among the modes of its round, 0-based
+  int issued = 0;
+  int completed = 0;
+  int errors = 0;
+  std::string first_error;
+  // The window in which every client was busy: from the start until the first client found no
+  // more work (a request count), or the duration. Throughput counts the tokens that arrived
+  // inside it.
+  double window_seconds = 0;
+  double wall_seconds = 0;  // until the last request finished
+  int64_t window_tokens = 0;
+  int64_t output_tokens = 0;  // all completed requests
+  std::vector<double> ttft, itl, e2e;
+  std::map<std::string, int> served_modes;  // what the server reported per request
+  // The machine's 1-minute load average when the window ended (-1: unknown): a window measured
+  // while other work held the cores reads as such.
+  double load_average = -1;
+
+  double TokensPerSecond() const;
+  // Tokens/s over the mean tokens of a completed request: the rate at which the window's
+  // token throughput completes requests (a count of completions inside the window would say
+  // nothing when a request lasts about as long as the window).
+  double RequestsPerSecond() const;
+};
+
+// The order in which round `round` runs `modes`: a rotation starting at modes[round % size], so
+// that over the rounds no mode always runs first (right after the previous level) or last.
+std::vector<std::string> RoundOrder(const std::vector<std::string>& modes, int round);
+
+// The median of `values` (the mean of the middle two for an even count); 0 when empty.
+double Median(std::vector<double> values);
+
+// A (mode, concurrency) cell over its rounds.
+struct ServeCell {
+  std::string mode;
+  int concurrency = 0;
+  std::vector<ServeWindow> rounds;  // by round
+
+  // Per round, in round order.
+  std::vector<double> TokensPerSecondByRound() const;
+  double MedianTokensPerSecond() const;
+  double MinTokensPerSecond() const;
+  double MaxTokensPerSecond() const;
+  double MedianRequestsPerSecond() const;
+  // Sums over the rounds.
+  int Completed() const;
+  int Errors() const;
+  int64_t OutputTokens() const;
+  std::map<std::string, int> ServedModes() const;
+  std::string FirstError() const;  // of the first round that had one
+  // Every round's samples together (latency percentiles are taken over all requests).
+  std::vector<double> Ttft() const;
+  std::vector<double> Itl() const;
+  std::vector<double> E2e() const;
+};
+
+// auto against the best fixed mode at one concurrency.
+struct AutoVsBest {
+  int concurrency = 0;
+  // The criterion: medians over the rounds. best = the fixed mode with the highest median.
+  double auto_tps = 0;
+  std::string best_mode;
+  double best_tps = 0;
+  double ratio = 0;   // auto_tps / best_tps
+  bool pass = false;  // ratio >= threshold
+  // Paired per round: auto's tokens/s in round k over the best mode's in the same round k
+  // (rounds where that mode measured 0 are left out); and their median.
+  std::vector<double> paired_ratios;
+  double paired_median = 0;
+};
+
+// From the cells of one concurrency (any order); empty without an `auto` cell or a fixed mode
+// that measured more than 0 tokens/s.
+std::optional<AutoVsBest> CompareAutoWithBest(const std::vector<const ServeCell*>& cells,
+                                              double threshold);
+
+}  // namespace tandem::cli
