@@ -60,7 +60,8 @@ std::optional<double> ModePolicy::BestGoodput(const std::vector<std::string>& se
 
 ModeDecision ModePolicy::Decide(std::string_view key, const std::vector<std::string>& served,
                                 const CostModel& cost, double sequences,
-                                const ModeRequestTraits& request, std::string_view default_mode) {
+                                const ModeRequestTraits& request, std::string_view default_mode,
+                                absl::Time now) {
   Estimates estimated = Estimate(served, cost, sequences, request);
   ModeDecision decision;
   decision.estimates = estimated.goodputs;
@@ -93,9 +94,14 @@ ModeDecision ModePolicy::Decide(std::string_view key, const std::vector<std::str
     return decision;
   }
   if (best->second >= current->second * (1 + options_.margin)) {
-    state.streak = state.challenger == best->first ? state.streak + 1 : 1;
-    state.challenger = best->first;
-    if (state.streak >= options_.confirm) {
+    if (state.challenger == best->first) {
+      ++state.streak;
+    } else {
+      state.challenger = best->first;
+      state.streak = 1;
+      state.since = now;
+    }
+    if (state.streak >= options_.confirm && now - state.since >= options_.confirm_time) {
       state.current = best->first;
       state.challenger.clear();
       state.streak = 0;

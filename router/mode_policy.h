@@ -22,7 +22,12 @@
 //
 // Hysteresis, per key (the router uses the verifier's address): the key's current mode stays
 // until another mode's estimate beats it by `margin` (relative) on `confirm` consecutive
-// decisions; a current mode that is no longer a candidate is replaced at once.
+// decisions spanning at least `confirm_time`; a current mode that is no longer a candidate is
+// replaced at once. The time matters as much as the count: estimates change only when a
+// verifier's load report arrives (about once a second), so many decisions within one report
+// repeat the same evidence, and the first requests of a burst see a load of 1, 2, ... for a
+// moment, where another mode may lead; a lead that lasts only that long must not switch a
+// verifier whose batch is about to be full.
 //
 // Decision reasons (the `reason` label of tandem_mode_decisions_total):
 //   policy      the best estimate (the current mode, or a switch to a new best)
@@ -43,14 +48,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/cost_model.h"
 
 namespace tandem::router {
 
 struct ModePolicyOptions {
-  double margin = 0.10;      // a challenger must estimate at least (1 + margin) × the current mode
-  int confirm = 3;           // ... on this many consecutive decisions of the key
-  bool allow_lossy = false;  // lossy modes (diffusion) may be chosen too
+  double margin = 0.10;  // a challenger must estimate at least (1 + margin) × the current mode
+  int confirm = 3;       // ... on this many consecutive decisions of the key
+  absl::Duration confirm_time = absl::Seconds(2);  // ... from the first of them to the switch
+  bool allow_lossy = false;                        // lossy modes (diffusion) may be chosen too
   // Sequence-steps a mode needs at a load within a factor of two of the request's for its
   // estimate there to count as measured (see Decide).
   int64_t min_samples = 16;
@@ -75,9 +82,10 @@ class ModePolicy {
 
   // `served`: the verifier's modes; `cost`: its cost model; `sequences`: its load with this
   // request (running + queued + 1, or more); `default_mode`: its mode for "auto" ("" = unknown).
+  // `now`: the decision's time (the hysteresis' clock).
   ModeDecision Decide(std::string_view key, const std::vector<std::string>& served,
                       const CostModel& cost, double sequences, const ModeRequestTraits& request,
-                      std::string_view default_mode);
+                      std::string_view default_mode, absl::Time now = absl::Now());
 
   // The best candidate's estimate at `sequences` by the same rules as Decide (candidates,
   // support), without hysteresis or state: what the verifier could do at that load. nullopt
@@ -101,6 +109,7 @@ class ModePolicy {
     std::string current;
     std::string challenger;  // the mode beating `current` by the margin lately
     int streak = 0;          // its consecutive wins
+    absl::Time since;        // the first of them
   };
 
   const ModePolicyOptions options_;

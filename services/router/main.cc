@@ -65,6 +65,12 @@ int main(int argc, char** argv) {
       ->envname("TANDEM_ROUTER_POLICY_CONFIRM")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  double policy_confirm_seconds = absl::ToDoubleSeconds(policy_options.confirm_time);
+  app.add_option("--policy-confirm-seconds", policy_confirm_seconds,
+                 "Seconds the gain must hold (from its first decision) before the mode switches")
+      ->envname("TANDEM_ROUTER_POLICY_CONFIRM_SECONDS")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--policy-allow-lossy", policy_options.allow_lossy,
                "Let the policy choose lossy modes (diffusion) for 'auto' requests too")
       ->envname("TANDEM_ROUTER_POLICY_ALLOW_LOSSY");
@@ -84,6 +90,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   options.api_keys = tandem::ApiKeys(api_keys);
+  policy_options.confirm_time = absl::Seconds(policy_confirm_seconds);
 
   if (verifiers.empty() && redis.empty()) {
     std::fprintf(stderr,

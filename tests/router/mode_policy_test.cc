@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace tandem::router {
@@ -154,7 +155,7 @@ TEST(ModePolicyTest, IsdIsACandidateAndBestGoodputIsTheUnconditionalBest) {
 }
 
 TEST(ModePolicyTest, HysteresisNeedsTheMarginOnConsecutiveDecisions) {
-  ModePolicy policy({.margin = 0.10, .confirm = 3});
+  ModePolicy policy({.margin = 0.10, .confirm = 3, .confirm_time = absl::ZeroDuration()});
   CostModel cost = Curve();
   AddMode(cost, "ar", 1.0, 1.0);
   AddMode(cost, "spec", 1.0, 1.0);  // equal: ties go to ar
@@ -194,8 +195,44 @@ TEST(ModePolicyTest, HysteresisNeedsTheMarginOnConsecutiveDecisions) {
   EXPECT_EQ(decision.reason, "policy");
 }
 
+// A lead must also last: however many decisions it wins, a challenger switches the mode only
+// once `confirm_time` has passed since its first win, and a lost decision restarts the clock.
+TEST(ModePolicyTest, HysteresisNeedsTheLeadToLastConfirmTime) {
+  ModePolicy policy({.margin = 0.10, .confirm = 3, .confirm_time = absl::Seconds(2)});
+  CostModel cost = Curve();
+  AddMode(cost, "ar", 1.0, 1.0);
+  AddMode(cost, "spec", 1.0, 1.0);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(policy.Decide("v", kServed, cost, 1, {}, "ar", t0).mode, "ar");
+
+  CostModel spec_ahead = cost;
+  spec_ahead.modes["spec"].assign(
+      3,
+      ModeLoadPoint{.sequences = 1, .tokens_per_step = 1.5, .extend_tokens = 1.0, .samples = 10});
+  // A burst of decisions within one second: spec leads on all of them, ar stays.
+  for (int i = 0; i < 20; ++i) {
+    const ModeDecision d =
+        policy.Decide("v", kServed, spec_ahead, 1, {}, "ar", t0 + absl::Milliseconds(50 * i));
+    EXPECT_EQ(d.mode, "ar") << i;
+    EXPECT_EQ(d.reason, "hysteresis") << i;
+  }
+  // The lead breaks (the load grew, ar is best again): the clock restarts.
+  EXPECT_EQ(policy.Decide("v", kServed, cost, 1, {}, "ar", t0 + absl::Seconds(1)).reason, "policy");
+  EXPECT_EQ(policy.Decide("v", kServed, spec_ahead, 1, {}, "ar", t0 + absl::Seconds(2)).mode, "ar");
+  EXPECT_EQ(policy.Decide("v", kServed, spec_ahead, 1, {}, "ar", t0 + absl::Seconds(3)).mode, "ar");
+  // Three wins, but only 1.9 s since the first of this lead.
+  EXPECT_EQ(
+      policy.Decide("v", kServed, spec_ahead, 1, {}, "ar", t0 + absl::Milliseconds(3900)).mode,
+      "ar");
+  // 2 s after it: spec.
+  const ModeDecision switched =
+      policy.Decide("v", kServed, spec_ahead, 1, {}, "ar", t0 + absl::Seconds(4));
+  EXPECT_EQ(switched.mode, "spec");
+  EXPECT_EQ(switched.reason, "policy");
+}
+
 TEST(ModePolicyTest, ACurrentModeThatIsNoLongerACandidateIsReplacedAtOnce) {
-  ModePolicy policy({.margin = 0.10, .confirm = 5});
+  ModePolicy policy({.margin = 0.10, .confirm = 5, .confirm_time = absl::Hours(1)});
   CostModel cost = ArAndSpec();
   EXPECT_EQ(policy.Decide("v1", kServed, cost, 1, {}, "ar").mode, "spec");
   // The verifier no longer serves spec.
@@ -212,7 +249,7 @@ TEST(ModePolicyTest, AModeMeasuredNearTheLoadBeatsAnExtrapolatedOne) {
       ModeLoadPoint{.sequences = 1, .tokens_per_step = 4, .extend_tokens = 5, .samples = 100});
   cost.modes["ar"].push_back(
       ModeLoadPoint{.sequences = 8, .tokens_per_step = 1, .extend_tokens = 1, .samples = 100});
-  ModePolicy policy(ModePolicyOptions{.confirm = 1});
+  ModePolicy policy(ModePolicyOptions{.confirm = 1, .confirm_time = absl::ZeroDuration()});
   // At 8 sequences spec's extrapolated estimate (8 × 4 / 50 ms) beats ar's (8 / 18 ms), but
   // only ar was measured there.
   ASSERT_GT(*cost.Goodput("spec", 8), *cost.Goodput("ar", 8));
