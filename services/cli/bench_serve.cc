@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +81,10 @@ absl::Status CheckArgs(const BenchServeArgs& args) {
     if (c < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--concurrency levels must be >= 1, got ", c));
     }
+  }
+  if (args.pair_rounds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pair-rounds must be >= 0, got ", args.pair_rounds));
   }
   if (args.rounds < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--rounds must be >= 1, got ", args.rounds));
@@ -426,7 +431,8 @@ int RunBenchServe(const BenchServeArgs& args) {
   if (!args.json) {
     std::printf(
         "serving under load: %s, %zu prompts, %d tokens each, greedy; %s per window, %d "
-        "round%s per level (mode order rotated each round), %g s warm-up per mode\n",
+        "round%s per level (mode order rotated each round) then %d pair round%s of auto and "
+        "the leading fixed mode (ABBA), %g s warm-up per mode\n",
         cluster ? absl::StrCat("local cluster (", model_label, ")").c_str() : address.c_str(),
         prompts->size(), args.max_tokens,
         args.duration_seconds > 0
@@ -434,7 +440,8 @@ int RunBenchServe(const BenchServeArgs& args) {
             : (args.requests_per_level > 0
                    ? absl::StrCat(args.requests_per_level, " requests").c_str()
                    : "max(16, 4 x C) requests"),
-        args.rounds, args.rounds == 1 ? "" : "s", args.warmup_seconds);
+        args.rounds, args.rounds == 1 ? "" : "s", args.pair_rounds,
+        args.pair_rounds == 1 ? "" : "s", args.warmup_seconds);
     std::printf(
         "tokens/s: median over the rounds of the tokens that arrived while all C clients were "
         "busy, over that window (min – max across the rounds); requests/s = tokens/s / mean "
@@ -484,9 +491,35 @@ int RunBenchServe(const BenchServeArgs& args) {
       }
     }
     std::vector<const ServeCell*> at_level;
-    for (size_t m = 0; m < modes.size(); ++m) {
-      at_level.push_back(&level_cells[m]);
-      if (!args.json) PrintRow(level_cells[m]);
+    for (size_t m = 0; m < modes.size(); ++m) at_level.push_back(&level_cells[m]);
+    // The criterion compares auto with one mode: spend more windows on those two, side by side.
+    const std::optional<AutoVsBest> leader = CompareAutoWithBest(at_level, args.threshold);
+    for (int pair = 0; leader && pair < args.pair_rounds; ++pair) {
+      const int round = args.rounds + pair;
+      const std::vector<std::string> order = PairOrder(leader->best_mode, pair);
+      std::vector<std::string> progress;
+      for (size_t position = 0; position < order.size(); ++position) {
+        ServeWindow window = RunWindow(*stub, *prompts, order[position], concurrency, args);
+        window.round = round;
+        window.position = static_cast<int>(position);
+        if (window.completed == 0) {
+          broken = true;
+          std::fprintf(
+              stderr, "%s: every request failed in mode %s at concurrency %d, pair round %d: %s\n",
+              kWho, window.mode.c_str(), concurrency, pair + 1, window.first_error.c_str());
+        }
+        progress.push_back(absl::StrFormat("%s %.1f", window.mode, window.TokensPerSecond()));
+        cell_of(window.mode).rounds.push_back(std::move(window));
+      }
+      if (!args.json) {
+        std::fprintf(
+            stderr, "%s: C = %d, pair round %d/%d: %s tokens/s (load average %.1f, %u cpus)\n",
+            kWho, concurrency, pair + 1, args.pair_rounds, absl::StrJoin(progress, ", ").c_str(),
+            LoadAverage(), std::thread::hardware_concurrency());
+      }
+    }
+    if (!args.json) {
+      for (const ServeCell& cell : std::span(level_cells, modes.size())) PrintRow(cell);
     }
     if (std::optional<AutoVsBest> ratio = CompareAutoWithBest(at_level, args.threshold)) {
       ratios.push_back(*ratio);
@@ -502,14 +535,16 @@ int RunBenchServe(const BenchServeArgs& args) {
       {"requests_per_level", args.requests_per_level},
       {"duration_seconds", args.duration_seconds},
       {"rounds", args.rounds},
+      {"pair_rounds", args.pair_rounds},
       {"warmup_seconds", args.warmup_seconds},
       {"concurrency", args.concurrency},
       {"modes", modes},
       {"threshold", args.threshold},
       {"criterion",
-       "ratio = auto's median tokens/s over the rounds / the best fixed mode's (the fixed mode "
-       "with the highest median); pass = ratio >= threshold. paired_ratios: per round, auto / "
-       "that mode in the same round, for spread only"},
+       "ratio = auto's median tokens/s over its windows / the best fixed mode's (the fixed "
+       "mode with the highest median; auto and the leader after the rounds also ran the pair "
+       "rounds); pass = ratio >= threshold. paired_ratios: per round, auto / that mode in the "
+       "same round, for spread only"},
       {"cpus", std::thread::hardware_concurrency()},
       {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
   };
@@ -541,10 +576,12 @@ int RunBenchServe(const BenchServeArgs& args) {
                   absl::StrJoin(paired, ", ").c_str(), r.paired_median);
     }
     std::printf(
-        "\nPASS / FAIL: auto / best = auto's median tokens/s over the %d round%s / the median of "
-        "the fixed mode with the highest median. The paired column (auto over that mode in the "
-        "same round) shows the spread and does not decide.\n",
-        args.rounds, args.rounds == 1 ? "" : "s");
+        "\nPASS / FAIL: auto / best = auto's median tokens/s over its windows (%d round%s, then "
+        "%d pair round%s with the fixed mode leading after the rounds) / the median of the fixed "
+        "mode with the highest median. The paired column (auto over that mode in the same "
+        "round) shows the spread and does not decide.\n",
+        args.rounds, args.rounds == 1 ? "" : "s", args.pair_rounds,
+        args.pair_rounds == 1 ? "" : "s");
   }
   if (cluster) cluster->Stop();
 

@@ -31,7 +31,10 @@ struct BenchServeArgs {
   int requests_per_level = 0;      // per window; 0 = max(16, 4 x concurrency)
   double duration_seconds = 0;     // > 0: run each window this long instead
   int rounds = 3;                  // windows (rounds) per (mode, concurrency); >= 1
-  double warmup_seconds = 2;       // per mode before measuring; 0 = none
+  // After a level's rounds, this many more rounds of just auto and the best fixed mode so far,
+  // in ABBA order (bench_serve_stats.h PairOrder); 0 = none.
+  int pair_rounds = 4;
+  double warmup_seconds = 2;  // per mode before measuring; 0 = none
   int max_tokens = 64;
   std::string prompts_file;   // "" = <model>/fixtures/bench_prompts.json
   std::string out_dir = ".";  // serve.json and serve.png go here; "" = write neither

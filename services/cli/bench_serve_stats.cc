@@ -20,6 +20,12 @@ std::vector<std::string> RoundOrder(const std::vector<std::string>& modes, int r
   return order;
 }
 
+std::vector<std::string> PairOrder(const std::string& best, int pair) {
+  const bool best_first = pair % 4 == 0 || pair % 4 == 3;
+  return best_first ? std::vector<std::string>{best, "auto"}
+                    : std::vector<std::string>{"auto", best};
+}
+
 double Median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -125,10 +131,13 @@ std::optional<AutoVsBest> CompareAutoWithBest(const std::vector<const ServeCell*
                .best_tps = best_tps};
   r.ratio = r.auto_tps / r.best_tps;
   r.pass = r.ratio >= threshold;
-  const size_t rounds = std::min(automatic->rounds.size(), best->rounds.size());
-  for (size_t k = 0; k < rounds; ++k) {
-    const double best_k = best->rounds[k].TokensPerSecond();
-    if (best_k > 0) r.paired_ratios.push_back(automatic->rounds[k].TokensPerSecond() / best_k);
+  for (const ServeWindow& a : automatic->rounds) {
+    for (const ServeWindow& b : best->rounds) {
+      if (b.round != a.round) continue;
+      if (b.TokensPerSecond() > 0)
+        r.paired_ratios.push_back(a.TokensPerSecond() / b.TokensPerSecond());
+      break;
+    }
   }
   r.paired_median = Median(r.paired_ratios);
   return r;

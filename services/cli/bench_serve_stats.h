@@ -19,7 +19,7 @@ namespace tandem::cli {
 struct ServeWindow {
   std::string mode;
   int concurrency = 0;
-  int round = 0;     // 0-based
+  int round = 0;     // 0-based; the pair rounds follow the rounds
   int position = 0;  // its place among the modes of its round, 0-based
   int issued = 0;
   int completed = 0;
@@ -48,6 +48,12 @@ struct ServeWindow {
 // The order in which round `round` runs `modes`: a rotation starting at modes[round % size], so
 // that over the rounds no mode always runs first (right after the previous level) or last.
 std::vector<std::string> RoundOrder(const std::vector<std::string>& modes, int round);
+
+// The order of pair round `pair` (0-based) between `best` and auto: ABBA, i.e. best first in
+// pairs 0, 3, 4, 7, ... and auto first in pairs 1, 2, 5, 6, ..., so that over every four pairs
+// each runs first twice and each follows the other as often as it follows itself or the
+// previous level (a drift in time or an effect of the previous window cancels out).
+std::vector<std::string> PairOrder(const std::string& best, int pair);
 
 // The median of `values` (the mean of the middle two for an even count); 0 when empty.
 double Median(std::vector<double> values);
@@ -86,7 +92,8 @@ struct AutoVsBest {
   double ratio = 0;   // auto_tps / best_tps
   bool pass = false;  // ratio >= threshold
   // Paired per round: auto's tokens/s in round k over the best mode's in the same round k
-  // (rounds where that mode measured 0 are left out); and their median.
+  // (ServeWindow::round; rounds where that mode measured 0 or either has no window are left
+  // out); and their median.
   std::vector<double> paired_ratios;
   double paired_median = 0;
 };

@@ -140,6 +140,12 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                    "median over the rounds, and auto / best compares medians")
       ->capture_default_str();
   serve_cmd
+      ->add_option("--pair-rounds", serve->pair_rounds,
+                   "After each level's rounds, rounds of only auto and the fixed mode leading so "
+                   "far, alternately first (ABBA), so that the criterion's two medians have the "
+                   "most windows; 0 = none")
+      ->capture_default_str();
+  serve_cmd
       ->add_option("--warmup", serve->warmup_seconds,
                    "Seconds of unrecorded closed-loop traffic per mode before measuring, half "
                    "at C = 1 and half at the first level's C (each client sends at least one "

@@ -64,7 +64,7 @@ TEST(BenchServe, RunsEveryModeAtEveryLevelAndWritesJson) {
   std::filesystem::remove_all(out_dir);
   const CommandRun run = RunTandem(absl::StrCat(
       "bench serve --concurrency 1,2 --modes ar,auto --max-tokens 8 --requests-per-level 3 "
-      "--rounds 1 --warmup 0 --json --out-dir '",
+      "--rounds 1 --pair-rounds 0 --warmup 0 --json --out-dir '",
       out_dir, "'"));
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json j = json::parse(run.out);
@@ -149,7 +149,7 @@ double Median(std::vector<double> v) {
 TEST(BenchServe, RunsRoundsInRotatedOrderAndReportsMedians) {
   const CommandRun run = RunTandem(
       "bench serve --concurrency 1,2 --modes ar,auto --max-tokens 8 --requests-per-level 2 "
-      "--rounds 2 --warmup 0.2 --json --out-dir ''");
+      "--rounds 2 --pair-rounds 0 --warmup 0.2 --json --out-dir ''");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json j = json::parse(run.out);
   EXPECT_EQ(j["rounds"], 2);
@@ -215,11 +215,69 @@ TEST(BenchServe, RunsRoundsInRotatedOrderAndReportsMedians) {
   }
 }
 
+// Pair rounds: after the rounds, auto and the leading fixed mode run alone, in ABBA order; their
+// cells hold those windows too, the other modes' do not, and the paired ratios match windows by
+// round.
+TEST(BenchServe, PairRoundsRunAutoAndTheLeaderInAbbaOrder) {
+  const CommandRun run = RunTandem(
+      "bench serve --concurrency 2 --modes ar,jacobi,auto --max-tokens 8 "
+      "--requests-per-level 2 --rounds 1 --pair-rounds 4 --warmup 0 --json --out-dir ''");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json j = json::parse(run.out);
+  EXPECT_EQ(j["pair_rounds"], 4);
+  ASSERT_EQ(j["levels"].size(), 3u);
+  ASSERT_EQ(j["auto_vs_best"].size(), 1u);
+  const json& ratio = j["auto_vs_best"][0];
+  std::map<std::string, const json*> cells;
+  for (const json& level : j["levels"]) cells[level["mode"]] = &level;
+  const std::string leader = ratio["best_mode"];
+  ASSERT_TRUE(leader == "ar" || leader == "jacobi") << leader;
+  const std::string other = leader == "ar" ? "jacobi" : "ar";
+  // The mode that led after round 0 is the one that ran the pair rounds (with one round its
+  // median is that round's, so it still leads unless the pair rounds pulled its median down).
+  std::string paired_mode;
+  for (const std::string mode : {"ar", "jacobi"}) {
+    if (cells[mode]->at("rounds").size() == 5u) paired_mode = mode;
+  }
+  ASSERT_FALSE(paired_mode.empty());
+  const std::string unpaired = paired_mode == "ar" ? "jacobi" : "ar";
+  EXPECT_EQ(cells[unpaired]->at("rounds").size(), 1u);
+  ASSERT_EQ(cells["auto"]->at("rounds").size(), 5u);
+  // Pair k (round 1 + k): the leader first in pairs 0 and 3, auto first in pairs 1 and 2.
+  const int leader_position[] = {0, 1, 1, 0};
+  for (int k = 0; k < 4; ++k) {
+    const json& mine = cells[paired_mode]->at("rounds")[1 + k];
+    const json& theirs = cells["auto"]->at("rounds")[1 + k];
+    SCOPED_TRACE(k);
+    EXPECT_EQ(mine["round"], 1 + k);
+    EXPECT_EQ(theirs["round"], 1 + k);
+    EXPECT_EQ(mine["position"], leader_position[k]);
+    EXPECT_EQ(theirs["position"], 1 - leader_position[k]);
+    EXPECT_EQ(mine["requests"], 2);
+    EXPECT_EQ(theirs["requests"], 2);
+  }
+  // The criterion's medians are over every window of the cell.
+  EXPECT_DOUBLE_EQ(ratio["auto_tokens_per_second"].get<double>(),
+                   cells["auto"]->at("tokens_per_second").get<double>());
+  EXPECT_DOUBLE_EQ(ratio["best_tokens_per_second"].get<double>(),
+                   cells[leader]->at("tokens_per_second").get<double>());
+  EXPECT_GE(ratio["best_tokens_per_second"].get<double>(),
+            cells[other]->at("tokens_per_second").get<double>());
+  // Paired by round: 5 pairs when the leader ran the pair rounds, else only round 0.
+  ASSERT_EQ(ratio["paired_ratios"].size(), leader == paired_mode ? 5u : 1u);
+  for (size_t k = 0; k < ratio["paired_ratios"].size(); ++k) {
+    EXPECT_DOUBLE_EQ(ratio["paired_ratios"][k].get<double>(),
+                     cells["auto"]->at("rounds")[k]["tokens_per_second"].get<double>() /
+                         cells[leader]->at("rounds")[k]["tokens_per_second"].get<double>());
+  }
+}
+
 // Bad values are refused before a cluster starts.
 TEST(BenchServe, RefusesBadRoundsAndWarmup) {
   const std::pair<std::string, std::string> cases[] = {
       {"--rounds 0", "--rounds must be >= 1, got 0"},
       {"--rounds -2", "--rounds must be >= 1, got -2"},
+      {"--pair-rounds -1", "--pair-rounds must be >= 0, got -1"},
       {"--warmup -1", "--warmup must be >= 0 seconds"},
       {"--duration -3", "--duration must be >= 0 seconds"},
       {"--concurrency 1,0", "--concurrency levels must be >= 1, got 0"},

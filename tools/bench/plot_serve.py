@@ -81,8 +81,12 @@ def main() -> int:
                       transform=ratio_ax.transAxes)
 
     titles = {
-        tps_ax: (f"output tokens/s (median of {run.get('rounds', 1)} rounds; bars: min to max)"
-                 if run.get("rounds", 1) > 1 else "output tokens/s", "tokens/s"),
+        tps_ax: (f"output tokens/s (median of {run.get('rounds', 1)} rounds"
+                 + (f", + {run['pair_rounds']} for auto and the leader"
+                    if run.get("pair_rounds", 0) > 0 else "")
+                 + "; bars: min to max)"
+                 if run.get("rounds", 1) + run.get("pair_rounds", 0) > 1 else "output tokens/s",
+                 "tokens/s"),
         ratio_ax: ("auto / best fixed mode (tokens/s, medians; label: best mode)", "ratio"),
         itl_ax: ("inter-token latency (p50 solid, p99 dashed)", "ms"),
         e2e_ax: ("end-to-end latency (p50 solid, p99 dashed)", "ms"),
