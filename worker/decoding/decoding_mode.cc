@@ -13,6 +13,25 @@ void AppendPending(const DecodeState& state, StepPlan* plan) {
   }
 }
 
+void PlanDeviceSample(const DecodeState& state, StepPlan* plan) {
+  if (state.sampling == nullptr || plan->outputs.size() != 1) return;
+  // The token at sequence index tokens.size(): the RNG key the host sampler uses for it.
+  plan->samples = {SampleRequest{.params = *state.sampling, .position = state.tokens.size()}};
+  plan->return_logits = false;
+}
+
+absl::StatusOr<int32_t> OutputToken(const ExtendOutput& out, int i, int vocab,
+                                    const SamplingParams& params, uint64_t position,
+                                    RngPurpose purpose) {
+  if (i < static_cast<int>(out.tokens.size())) return out.tokens[i];
+  if (vocab <= 0 || out.logits.size() < static_cast<size_t>(i + 1) * vocab) {
+    return absl::InternalError(absl::StrCat("output row ", i, " has neither a sampled token nor ",
+                                            "logits (", out.logits.size(), " logits for a ",
+                                            "vocabulary of ", vocab, ")"));
+  }
+  return SampleToken(LogitsRow(out, i, vocab), params, position, purpose);
+}
+
 absl::Status CheckStep(const DecodeState& state, const StepPlan& plan, const StepResult& result,
                        std::string_view mode) {
   const int pending = state.pending();

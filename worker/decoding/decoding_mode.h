@@ -41,6 +41,13 @@ struct StepPlan {
   std::vector<int32_t> outputs;    // indices of tokens whose logits are needed
   std::vector<uint8_t> lora_gate;  // [n] or empty
   std::vector<int32_t> hidden_layers;
+  // [outputs.size()] or empty: tokens the model samples from the output rows on its device
+  // (Extend::samples). A driver may ignore them and return logits instead, so a mode that
+  // plans samples reads them with OutputToken, which falls back to the host sampler.
+  std::vector<SampleRequest> samples;
+  // False when the mode needs only the sampled tokens (and so planned `samples`). A mode that
+  // reuses another mode's Plan but reads the logits itself must set it back to true.
+  bool return_logits = true;
 };
 
 struct StepResult {
@@ -60,7 +67,8 @@ class DecodingMode {
   virtual bool lossless() const = 0;
 
   virtual StepPlan Plan(const DecodeState& state) = 0;
-  // `out` holds the logits of plan.outputs in order (and hidden states if asked for).
+  // `out` holds the logits of plan.outputs in order (and hidden states if asked for); when the
+  // plan has samples, also their tokens, and then no logits if it set return_logits false.
   virtual absl::StatusOr<StepResult> Consume(const DecodeState& state, const StepPlan& plan,
                                              const ExtendOutput& out) = 0;
 
@@ -86,6 +94,18 @@ void AppendPending(const DecodeState& state, StepPlan* plan);
 // (naming `mode`) when broken.
 absl::Status CheckStep(const DecodeState& state, const StepPlan& plan, const StepResult& result,
                        std::string_view mode);
+
+// Plans a plain AR step's draw on the model: output row 0 (the last pending token) sampled
+// with the sequence's settings at the next position, exactly the host's SampleToken call, and
+// no logits. Sets nothing without sampling settings.
+void PlanDeviceSample(const DecodeState& state, StepPlan* plan);
+
+// The token SampleToken(row i, params, position, purpose) picks: the model's sampled token when
+// the driver passed the plan's samples, else the host sampler on the row's logits. Internal
+// when `out` has neither.
+absl::StatusOr<int32_t> OutputToken(const ExtendOutput& out, int i, int vocab,
+                                    const SamplingParams& params, uint64_t position,
+                                    RngPurpose purpose = RngPurpose::kSample);
 
 // Row `i` of a [rows, vocab] logits buffer.
 inline std::span<const float> LogitsRow(const ExtendOutput& out, int i, int vocab) {

@@ -41,7 +41,9 @@ absl::StatusOr<RunStats> RunSequence(Transformer& model, KvCache& kv, SeqId seq,
                   .visible = plan.visible,
                   .outputs = plan.outputs,
                   .lora_gate = plan.lora_gate,
-                  .hidden_layers = plan.hidden_layers};
+                  .hidden_layers = plan.hidden_layers,
+                  .samples = plan.samples,
+                  .return_logits = plan.return_logits};
     TANDEM_ASSIGN_OR_RETURN(std::vector<ExtendOutput> out, model.Forward({&extend, 1}, kv));
     ++stats.forwards;
     TANDEM_ASSIGN_OR_RETURN(StepResult result, mode.Consume(state, plan, out[0]));

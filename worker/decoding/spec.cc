@@ -42,6 +42,8 @@ StepPlan SpecMode::Plan(const DecodeState& state) {
   for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
     plan.outputs.push_back(i);
   }
+  // γ = 0 (no drafts): a plain AR step, whose token the model may sample where the logits are.
+  if (static_cast<int>(plan.tokens.size()) == pending) PlanDeviceSample(state, &plan);
   return plan;
 }
 
@@ -68,8 +70,10 @@ absl::StatusOr<StepResult> SpecMode::Consume(const DecodeState& state, const Ste
                                              const ExtendOutput& out) {
   const int pending = state.pending();
   const int gamma = static_cast<int>(plan.tokens.size()) - pending;
+  // A γ = 0 step may come back with its sampled token and no logits.
+  const bool sampled = gamma == 0 && out.tokens.size() == 1;
   if (gamma < 0 || plan.outputs.size() != static_cast<size_t>(gamma) + 1 ||
-      out.logits.size() != plan.outputs.size() * static_cast<size_t>(vocab_size_)) {
+      (!sampled && out.logits.size() != plan.outputs.size() * static_cast<size_t>(vocab_size_))) {
     return absl::InternalError(absl::StrCat("spec: Consume got a plan of ", plan.tokens.size(),
                                             " tokens with ", plan.outputs.size(), " outputs and ",
                                             out.logits.size(), " logits for ", pending,
@@ -91,7 +95,9 @@ absl::StatusOr<StepResult> SpecMode::Consume(const DecodeState& state, const Ste
     if (!ok) break;
   }
   if (accepted == gamma) {
-    next = SampleToken(LogitsRow(out, gamma, vocab_size_), sampling, t + gamma);
+    absl::StatusOr<int32_t> token = OutputToken(out, gamma, vocab_size_, sampling, t + gamma);
+    if (!token.ok()) return token.status();
+    next = *token;
   }
   for (int i = 0; i < accepted; ++i) {
     result.keep.push_back(pending + i);

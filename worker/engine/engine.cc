@@ -375,7 +375,9 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
                              .lora_gate = p.plan.lora_gate,
                              .hidden_layers = p.taps.empty()
                                                   ? std::span<const int32_t>(p.plan.hidden_layers)
-                                                  : std::span<const int32_t>(p.taps)});
+                                                  : std::span<const int32_t>(p.taps),
+                             .samples = p.plan.samples,
+                             .return_logits = p.plan.return_logits});
   }
   std::vector<absl::StatusOr<ExtendOutput>> outputs;
   absl::StatusOr<std::vector<ExtendOutput>> all = model_->model->Forward(extends, kv_);
@@ -436,6 +438,7 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
       const size_t mode_values = p.plan.hidden_layers.size() * p.plan.tokens.size() *
                                  static_cast<size_t>(model_->model->config().hidden_size);
       view.logits = std::move(outputs[b]->logits);
+      view.tokens = outputs[b]->tokens;
       view.hidden.assign(outputs[b]->hidden.begin(),
                          outputs[b]->hidden.begin() + static_cast<ptrdiff_t>(std::min(
                                                           mode_values, outputs[b]->hidden.size())));

@@ -17,7 +17,8 @@ class ModelBackend {
   virtual ~ModelBackend() = default;
 
   // Runs a batch Transformer::Validate accepted, on a KvCache whose storage this backend's
-  // StorageFactory made; same outputs as Transformer::Forward.
+  // StorageFactory made; same outputs as Transformer::Forward (logits only for extends with
+  // return_logits, sampled tokens for extends with sample requests).
   virtual absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch,
                                                             KvCache& kv) = 0;
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "worker/kv/kv_cache.h"
+#include "worker/sampling/sampling.h"
 
 namespace tandem {
 
@@ -42,6 +43,16 @@ struct Visibility {
   void ToBits(int n, std::vector<uint64_t>* out) const;
 };
 
+// A token the model samples from one output row on its own device: exactly the arguments of
+// worker/sampling SampleToken (the settings and the draw's coordinates). On the CPU the model
+// calls SampleToken on the row's logits; the CUDA backend runs the device sampler on the
+// device logits (same Philox draw; see kernels/cuda/sampling.cuh for how close it is).
+struct SampleRequest {
+  SamplingParams params;
+  uint64_t position = 0;  // sequence index of the sampled token (the draw's RNG counter)
+  RngPurpose purpose = RngPurpose::kSample;
+};
+
 struct Extend {
   SeqId seq = 0;
   std::span<const int32_t> tokens;     // [n] new tokens: data, drafts, masks
@@ -50,10 +61,16 @@ struct Extend {
   std::span<const int32_t> outputs;        // indices of new tokens whose logits are returned
   std::span<const uint8_t> lora_gate;      // [n] per-token adapter on/off; empty = off
   std::span<const int32_t> hidden_layers;  // hidden-state taps, each in [0, num_layers]
+  // [outputs.size()] or empty: a token sampled from each output row (ExtendOutput::tokens).
+  std::span<const SampleRequest> samples;
+  // Whether the output rows' logits come back. A caller that needs only sampled tokens sets
+  // this false: a device backend then downloads token ids alone.
+  bool return_logits = true;
 };
 
 struct ExtendOutput {
-  std::vector<float> logits;  // [outputs.size(), vocab_size]
+  std::vector<float> logits;    // [outputs.size(), vocab_size]; empty unless return_logits
+  std::vector<int32_t> tokens;  // [outputs.size()] sampled tokens; empty without samples
   // [hidden_layers.size(), n, hidden_size]: residual stream after that many layers
   // (0 = embeddings; num_layers = before the final norm).
   std::vector<float> hidden;

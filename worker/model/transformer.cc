@@ -122,6 +122,21 @@ absl::Status Transformer::Validate(std::span<const Extend> batch, const KvCache&
     for (int32_t o : x.outputs) {
       if (o < 0 || o >= n) return bad("output index ", o, " outside [0, ", n, ")");
     }
+    if (!x.samples.empty() && x.samples.size() != x.outputs.size()) {
+      return bad(x.samples.size(), " sample requests for ", x.outputs.size(), " outputs");
+    }
+    for (size_t i = 0; i < x.samples.size(); ++i) {
+      const SampleRequest& r = x.samples[i];
+      if (std::isnan(r.params.temperature) || std::isnan(r.params.top_p) ||
+          std::isnan(r.params.min_p)) {
+        return bad("sample request ", i, " has a NaN temperature, top_p or min_p");
+      }
+      if (r.params.top_k < 0) return bad("sample request ", i, " has top_k ", r.params.top_k);
+      if (static_cast<uint32_t>(r.purpose) > static_cast<uint32_t>(RngPurpose::kMask)) {
+        return bad("sample request ", i, " has an unknown RNG purpose ",
+                   static_cast<uint32_t>(r.purpose));
+      }
+    }
     if (!x.lora_gate.empty()) {
       if (static_cast<int>(x.lora_gate.size()) != n)
         return bad("lora_gate length differs from tokens");
@@ -355,9 +370,19 @@ absl::StatusOr<std::vector<ExtendOutput>> Transformer::Forward(std::span<const E
              hidden);
   size_t r = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
-    const size_t k = batch[e].outputs.size();
-    outputs[e].logits.assign(logits.begin() + r * c.vocab_size,
-                             logits.begin() + (r + k) * c.vocab_size);
+    const Extend& x = batch[e];
+    const size_t k = x.outputs.size();
+    const float* first = logits.data() + r * c.vocab_size;
+    if (!x.samples.empty()) {
+      outputs[e].tokens.resize(k);
+      for (size_t i = 0; i < k; ++i) {
+        const SampleRequest& s = x.samples[i];
+        outputs[e].tokens[i] =
+            SampleToken({first + i * c.vocab_size, static_cast<size_t>(c.vocab_size)}, s.params,
+                        s.position, s.purpose);
+      }
+    }
+    if (x.return_logits) outputs[e].logits.assign(first, first + k * c.vocab_size);
     r += k;
   }
   return outputs;

@@ -56,9 +56,12 @@ class Transformer {
   bool has_lora() const { return lora_.has_value(); }
   const std::optional<LoraAdapter>& lora() const { return lora_; }
 
-  // Runs the batch; returns one output per extend, in order. InvalidArgument for malformed
-  // extends (token or position out of range, missing reservation, bad indices) or a cache
-  // whose storage is not the current device's; nothing is written to the cache then.
+  // Runs the batch; returns one output per extend, in order: the logits of its outputs when
+  // return_logits, and for its sample requests the tokens SampleToken picks from those rows
+  // (on the CPU by calling it; on a device by its sampler, see kernels/cuda/sampling.cuh).
+  // InvalidArgument for malformed extends (token or position out of range, missing
+  // reservation, bad indices, sample requests not one per output or with NaN settings) or a
+  // cache whose storage is not the current device's; nothing is written to the cache then.
   absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch, KvCache& kv);
 
  private:

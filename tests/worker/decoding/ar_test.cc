@@ -95,5 +95,75 @@ TEST(ArModeTest, OneTokenPerForwardOnARealModel) {
   EXPECT_NE(a->tokens, c->tokens);
 }
 
+TEST(ArModeTest, PlansADeviceSampleAndTakesTheModelsToken) {
+  ArMode mode(kVocab);
+  const std::vector<int32_t> tokens = {4, 8, 1};
+  SamplingParams hot{.temperature = 0.7f, .top_k = 4, .seed = 9};
+  const DecodeState state{.tokens = tokens, .kv_len = 2, .budget = 3, .sampling = &hot};
+  const StepPlan plan = mode.Plan(state);
+  // Exactly the host sampler's arguments for the token at index 3.
+  ASSERT_EQ(plan.samples.size(), 1u);
+  EXPECT_EQ(plan.samples[0].position, 3u);
+  EXPECT_EQ(plan.samples[0].purpose, RngPurpose::kSample);
+  EXPECT_EQ(plan.samples[0].params.temperature, hot.temperature);
+  EXPECT_EQ(plan.samples[0].params.top_k, hot.top_k);
+  EXPECT_EQ(plan.samples[0].params.seed, hot.seed);
+  EXPECT_FALSE(plan.return_logits);
+
+  ExtendOutput sampled;
+  sampled.tokens = {7};
+  absl::StatusOr<StepResult> r = mode.Consume(state, plan, sampled);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->append, (std::vector<int32_t>{7}));
+  // A driver that ignored the samples returned logits: the host sampler decides.
+  ExtendOutput logits;
+  logits.logits = RandomLogits(3);
+  r = mode.Consume(state, plan, logits);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->append, (std::vector<int32_t>{SampleToken(logits.logits, hot, 3)}));
+  EXPECT_EQ(mode.Consume(state, plan, ExtendOutput{}).status().code(), absl::StatusCode::kInternal);
+}
+
+// The model's sampled tokens (what ar now asks for) give the run a host loop gets by sampling
+// the returned logits itself, greedy and seeded.
+TEST(ArModeTest, ModelSampledRunEqualsHostSampledRun) {
+  std::unique_ptr<Transformer> model = testing::TinyModel(testing::TinyArch::kQwen2, 4);
+  const std::vector<int32_t> prompt = {9, 3, 27, 3, 50};
+  for (const SamplingParams& params :
+       {SamplingParams{}, SamplingParams{.temperature = 1.3f, .seed = 17},
+        SamplingParams{.temperature = 0.9f, .top_k = 8, .top_p = 0.9f, .seed = 5}}) {
+    SCOPED_TRACE(params.temperature);
+    ArMode mode(model->config().vocab_size);
+    RunOptions options;
+    options.max_tokens = 24;
+    options.sampling = params;
+    absl::StatusOr<RunStats> got = testing::RunOnce(*model, mode, prompt, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+
+    KvCache kv(model->KvOptions(256, 16));
+    ASSERT_TRUE(kv.AddSequence(1).ok());
+    std::vector<int32_t> seq = prompt;
+    std::vector<int32_t> want;
+    int kv_len = 0;
+    while (want.size() < 24) {
+      std::vector<int32_t> tokens(seq.begin() + kv_len, seq.end()), positions;
+      for (int i = kv_len; i < static_cast<int>(seq.size()); ++i) positions.push_back(i);
+      const std::vector<int32_t> outputs = {static_cast<int32_t>(tokens.size()) - 1};
+      ASSERT_TRUE(kv.Reserve(1, static_cast<int>(tokens.size())).has_value());
+      Extend e{.seq = 1, .tokens = tokens, .positions = positions, .outputs = outputs};
+      auto out = model->Forward({&e, 1}, kv);
+      ASSERT_TRUE(out.ok()) << out.status();
+      std::vector<int32_t> keep(tokens.size());
+      for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int32_t>(i);
+      ASSERT_TRUE(kv.Commit(1, keep).ok());
+      kv_len = static_cast<int>(seq.size());
+      const int32_t next = SampleToken((*out)[0].logits, params, seq.size());
+      seq.push_back(next);
+      want.push_back(next);
+    }
+    EXPECT_EQ(got->tokens, want);
+  }
+}
+
 }  // namespace
 }  // namespace tandem

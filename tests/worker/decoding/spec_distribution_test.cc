@@ -125,7 +125,14 @@ class BrokenSpecMode : public DecodingMode {
 
   std::string_view name() const override { return "broken_spec"; }
   bool lossless() const override { return false; }
-  StepPlan Plan(const DecodeState& state) override { return spec_.Plan(state); }
+  StepPlan Plan(const DecodeState& state) override {
+    // Consume below samples from the logits itself, so a γ = 0 step must not trade them for a
+    // model-sampled token (SpecMode's own Consume takes either).
+    StepPlan plan = spec_.Plan(state);
+    plan.samples.clear();
+    plan.return_logits = true;
+    return plan;
+  }
 
   absl::StatusOr<StepResult> Consume(const DecodeState& state, const StepPlan& plan,
                                      const ExtendOutput& out) override {

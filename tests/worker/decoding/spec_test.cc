@@ -48,6 +48,31 @@ TEST(SpecModeTest, PlansPendingTokensThenDraftsWithOutputsAtEach) {
   EXPECT_EQ(plan.visible.kind, Visibility::Kind::kCausal);
   EXPECT_EQ(mode->drafter().stats().calls, 1);
   EXPECT_EQ(mode->drafter().stats().drafted, 3);
+  // A verifying step needs the logits and samples on the host.
+  EXPECT_TRUE(plan.samples.empty());
+  EXPECT_TRUE(plan.return_logits);
+}
+
+// A step without drafts is a plain AR step: the model may sample its token (no logits), and a
+// sampled token alone is enough to consume it.
+TEST(SpecModeTest, StepWithoutDraftsAsksTheModelForItsToken) {
+  auto target = testing::TinyModel(TinyArch::kQwen2, 7, kContext);
+  auto mode = MakeSpec(*target, *target, 3);
+  const std::vector<int32_t> tokens = {4, 8, 1};
+  const SamplingParams hot{.temperature = 0.9f, .seed = 4};
+  const DecodeState state{.tokens = tokens, .kv_len = 2, .budget = 1, .sampling = &hot};
+  const StepPlan plan = mode->Plan(state);  // budget 1: no drafts
+  ASSERT_EQ(plan.tokens.size(), 1u);
+  ASSERT_EQ(plan.samples.size(), 1u);
+  EXPECT_EQ(plan.samples[0].position, 3u);
+  EXPECT_EQ(plan.samples[0].params.seed, 4u);
+  EXPECT_FALSE(plan.return_logits);
+  ExtendOutput out;
+  out.tokens = {42};
+  absl::StatusOr<StepResult> r = mode->Consume(state, plan, out);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->append, (std::vector<int32_t>{42}));
+  EXPECT_EQ(r->drafted, 0);
 }
 
 TEST(SpecModeTest, ClampsDraftsToBudgetAndContext) {

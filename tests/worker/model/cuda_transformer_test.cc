@@ -16,7 +16,9 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
+#include "worker/decoding/ar.h"
 #include "worker/decoding/modes.h"
+#include "worker/decoding/runner.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/local_generator.h"
 #include "worker/model/transformer.h"
@@ -333,6 +335,192 @@ TEST_F(CudaModelTest, GraphReplayEqualsEagerLaunches) {
   EXPECT_EQ(eager_backend->stats().graph_replays, 0);
 }
 
+// Mixed per-row settings for device sampling: greedy rows and sampled rows of every filter.
+SampleRequest MixedRequest(int row, int step) {
+  SampleRequest r;
+  r.position = static_cast<uint64_t>(1000 * row + step);
+  r.params.seed = 77 + row;
+  switch (row % 5) {
+    case 0:
+      break;  // greedy
+    case 1:
+      r.params.temperature = 1.0f;
+      break;
+    case 2:
+      r.params.temperature = 0.8f;
+      r.params.top_k = 10;
+      break;
+    case 3:
+      r.params.temperature = 1.2f;
+      r.params.top_p = 0.9f;
+      r.purpose = RngPurpose::kResample;
+      break;
+    default:
+      r.params.temperature = 0.7f;
+      r.params.top_k = 40;
+      r.params.top_p = 0.95f;
+      r.params.min_p = 0.02f;
+      break;
+  }
+  return r;
+}
+
+// The device sampler against worker/sampling SampleToken on the same (device) logits, over
+// batched multi-output extends (eager path): greedy rows exactly; sampled rows equal except
+// where u lands within float rounding of a CDF boundary (kernels/cuda/sampling.cuh), which is
+// counted and bounded. Asking for tokens only gives the same tokens.
+TEST_F(CudaModelTest, DeviceSampledTokensMatchTheHostSampler) {
+  ModelConfig config = TinyConfig(false);
+  config.vocab_size = 4099;  // a real sampler workload: many rows over a wide vocabulary
+  const ModelWeights weights = RandomWeights(config, 9, 0.2f);
+  auto gpu = Transformer::FromWeights(config, weights);
+  ASSERT_TRUE(gpu->UseDevice({.device = Device::kCuda, .cuda_graphs = false}).ok());
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
+  int greedy_rows = 0, sampled_rows = 0, sampled_mismatches = 0;
+  for (int step = 0; step < 12; ++step) {
+    KvCache both_kv(gpu->KvOptions(1024, 16)), only_kv(gpu->KvOptions(1024, 16));
+    Runner both{gpu.get(), &both_kv}, only{gpu.get(), &only_kv};
+    std::vector<std::vector<int32_t>> tokens(4), positions(4), outputs(4);
+    std::vector<std::vector<SampleRequest>> samples(4);
+    int row = 0;
+    for (int e = 0; e < 4; ++e) {
+      const int n = 3 + 4 * e;
+      for (int i = 0; i < n; ++i) tokens[e].push_back(token(rng));
+      positions[e] = Iota(0, n);
+      for (int i = e % 2; i < n; i += 2) {
+        outputs[e].push_back(i);
+        samples[e].push_back(MixedRequest(row++, step));
+      }
+    }
+    std::vector<Extend> with_logits, tokens_only;
+    for (int e = 0; e < 4; ++e) {
+      Extend x{.seq = e,
+               .tokens = tokens[e],
+               .positions = positions[e],
+               .outputs = outputs[e],
+               .samples = samples[e]};
+      with_logits.push_back(x);
+      x.return_logits = false;
+      tokens_only.push_back(x);
+    }
+    auto got = both.Run(with_logits);
+    auto alone = only.Run(tokens_only);
+    ASSERT_TRUE(got.ok() && alone.ok()) << got.status() << alone.status();
+    for (int e = 0; e < 4; ++e) {
+      const size_t k = outputs[e].size();
+      ASSERT_EQ((*got)[e].tokens.size(), k);
+      ASSERT_EQ((*got)[e].logits.size(), k * config.vocab_size);
+      EXPECT_TRUE((*alone)[e].logits.empty());
+      EXPECT_EQ((*alone)[e].tokens, (*got)[e].tokens);
+      for (size_t i = 0; i < k; ++i) {
+        const std::span<const float> logits((*got)[e].logits.data() + i * config.vocab_size,
+                                            config.vocab_size);
+        const SampleRequest& r = samples[e][i];
+        const int32_t want = SampleToken(logits, r.params, r.position, r.purpose);
+        if (r.params.greedy()) {
+          ++greedy_rows;
+          EXPECT_EQ((*got)[e].tokens[i], want)
+              << "step " << step << " extend " << e << " row " << i;
+        } else {
+          ++sampled_rows;
+          sampled_mismatches += (*got)[e].tokens[i] != want;
+        }
+      }
+    }
+  }
+  EXPECT_GT(greedy_rows, 0);
+  EXPECT_GT(sampled_rows, 100);
+  // A boundary case needs u within ~1e-6 of a CDF step: expected count ~0 here; allow 1%.
+  EXPECT_LE(sampled_mismatches, sampled_rows / 100)
+      << sampled_mismatches << " of " << sampled_rows << " sampled rows differ";
+}
+
+// Decode steps with sample requests on the graph path (sampling launched after the replay)
+// give the eager path's tokens: exactly where the batch fills its bucket (bit-identical
+// logits), and the host sampler's tokens on the graph's own logits otherwise.
+TEST_F(CudaModelTest, GraphReplaySamplesLikeEagerLaunches) {
+  ModelConfig config = TinyConfig(true);
+  config.vocab_size = 1031;
+  const ModelWeights weights = RandomWeights(config, 6, 0.2f);
+  auto graphed = Transformer::FromWeights(config, weights);
+  auto eager = Transformer::FromWeights(config, weights);
+  ASSERT_TRUE(graphed->UseDevice({.device = Device::kCuda, .cuda_graphs = true}).ok());
+  ASSERT_TRUE(eager->UseDevice({.device = Device::kCuda, .cuda_graphs = false}).ok());
+  auto* graphed_backend = dynamic_cast<CudaTransformer*>(graphed->backend());
+  ASSERT_NE(graphed_backend, nullptr);
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
+  int sampled_rows = 0, sampled_mismatches = 0;
+  for (int batch : {1, 3, 8}) {
+    SCOPED_TRACE(batch);
+    KvCache gkv(graphed->KvOptions(4096, 16)), ekv(eager->KvOptions(4096, 16));
+    Runner g{graphed.get(), &gkv}, e{eager.get(), &ekv};
+    std::vector<std::vector<int32_t>> prompts(batch), positions(batch);
+    const std::vector<int32_t> last = {0};
+    for (int s = 0; s < batch; ++s) {
+      prompts[s].resize(4 + 7 * s);
+      for (auto& t : prompts[s]) t = token(rng);
+      positions[s] = Iota(0, static_cast<int>(prompts[s].size()));
+      const std::vector<int32_t> out = {static_cast<int32_t>(prompts[s].size() - 1)};
+      const Extend x{.seq = s, .tokens = prompts[s], .positions = positions[s], .outputs = out};
+      ASSERT_TRUE(g.Run({x}).ok());
+      ASSERT_TRUE(e.Run({x}).ok());
+      const std::vector<int32_t> keep = Iota(0, static_cast<int>(prompts[s].size()));
+      ASSERT_TRUE(gkv.Commit(s, keep).ok());
+      ASSERT_TRUE(ekv.Commit(s, keep).ok());
+    }
+    const int64_t replays_before = graphed_backend->stats().graph_replays;
+    std::vector<int32_t> next(batch, 1);
+    for (int step = 0; step < 16; ++step) {
+      std::vector<std::vector<int32_t>> tok(batch), pos(batch);
+      std::vector<std::vector<SampleRequest>> req(batch);
+      std::vector<Extend> graph_extends, eager_extends;
+      for (int s = 0; s < batch; ++s) {
+        tok[s] = {next[s]};
+        pos[s] = {static_cast<int32_t>(prompts[s].size()) + step};
+        req[s] = {MixedRequest(s, step)};
+        // The graph path returns logits too (to check against the host); eager tokens only.
+        graph_extends.push_back(
+            {.seq = s, .tokens = tok[s], .positions = pos[s], .outputs = last, .samples = req[s]});
+        eager_extends.push_back({.seq = s,
+                                 .tokens = tok[s],
+                                 .positions = pos[s],
+                                 .outputs = last,
+                                 .samples = req[s],
+                                 .return_logits = false});
+      }
+      auto got = g.Run(graph_extends);
+      auto want = e.Run(eager_extends);
+      ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
+      const bool exact_bucket = CudaTransformer::GraphBucket(batch) == batch;
+      for (int s = 0; s < batch; ++s) {
+        ASSERT_EQ((*got)[s].tokens.size(), 1u);
+        ASSERT_EQ((*want)[s].tokens.size(), 1u);
+        EXPECT_TRUE((*want)[s].logits.empty());
+        const int32_t host =
+            SampleToken((*got)[s].logits, req[s][0].params, req[s][0].position, req[s][0].purpose);
+        if (exact_bucket) {
+          EXPECT_EQ((*got)[s].tokens[0], (*want)[s].tokens[0]) << "step " << step << " seq " << s;
+        }
+        if (req[s][0].params.greedy()) {
+          EXPECT_EQ((*got)[s].tokens[0], host) << "step " << step << " seq " << s;
+        } else {
+          ++sampled_rows;
+          sampled_mismatches += (*got)[s].tokens[0] != host;
+        }
+        // Both caches continue with the graph's token, so the sequences stay identical.
+        next[s] = (*got)[s].tokens[0];
+        ASSERT_TRUE(gkv.Commit(s, last).ok());
+        ASSERT_TRUE(ekv.Commit(s, last).ok());
+      }
+    }
+    EXPECT_EQ(graphed_backend->stats().graph_replays - replays_before, 16);
+  }
+  EXPECT_LE(sampled_mismatches, std::max(1, sampled_rows / 100))
+      << sampled_mismatches << " of " << sampled_rows << " sampled rows differ";
+}
+
 // Every lossless mode's greedy output on the bundled target: on the GPU, each equals the GPU's
 // AR output (lossless on the same backend), and the GPU's AR output is the CPU's.
 TEST_F(CudaModelTest, LosslessModesGreedyOutputMatchesTheCpu) {
@@ -413,7 +601,8 @@ class TokenSink : public SequenceSink {
 
 // The worker actor with continuous batching: several greedy requests at once (prefill chunks,
 // batched decode steps that replay CUDA graphs) give the CPU engine's tokens, per lossless mode
-// that runs without a drafter service.
+// that runs without a drafter service. The `ar` rows sample on the device (the engine asks the
+// model for tokens, not logits), so this also checks device argmax against the CPU engine.
 TEST_F(CudaModelTest, EngineBatchesGiveTheCpuEnginesGreedyTokens) {
   const std::string dir = kModels + "tandem-target";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no bundled target";
@@ -458,6 +647,50 @@ TEST_F(CudaModelTest, EngineBatchesGiveTheCpuEnginesGreedyTokens) {
       EXPECT_EQ(outputs[1][i], outputs[0][i])
           << "prompt " << i << ": first divergence at token " << first;
     }
+  }
+}
+
+// A seeded `ar` run on the GPU, whose tokens the device samples, against a host loop over the
+// same GPU forwards that downloads the logits and samples with SampleToken: equal (a mismatch
+// would need a draw within float rounding of a CDF boundary, see kernels/cuda/sampling.cuh).
+TEST_F(CudaModelTest, SeededArRunOnTheDeviceEqualsHostSampling) {
+  const std::string dir = kModels + "tandem-target";
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no bundled target";
+  auto gpu = LoadModelDir(dir, {.device = Device::kCuda});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Transformer& model = *gpu->model;
+  const std::vector<int32_t> prompt = {785, 6722, 315, 9625, 374};
+  for (const SamplingParams& params :
+       {SamplingParams{.temperature = 0.8f, .seed = 3},
+        SamplingParams{.temperature = 1.0f, .top_k = 50, .top_p = 0.9f, .seed = 11}}) {
+    SCOPED_TRACE(params.seed);
+    std::unique_ptr<DecodingMode> mode = std::make_unique<ArMode>(model.config().vocab_size);
+    RunOptions options;
+    options.max_tokens = 32;
+    options.sampling = params;
+    KvCache run_kv(model.KvOptions(1024, 16));
+    absl::StatusOr<RunStats> got = RunSequence(model, run_kv, 1, *mode, prompt, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+
+    KvCache kv(model.KvOptions(1024, 16));
+    ASSERT_TRUE(kv.AddSequence(1).ok());
+    std::vector<int32_t> seq = prompt, want;
+    int kv_len = 0;
+    while (want.size() < 32) {
+      std::vector<int32_t> tokens(seq.begin() + kv_len, seq.end());
+      const std::vector<int32_t> positions = Iota(kv_len, static_cast<int>(tokens.size()));
+      const std::vector<int32_t> outputs = {static_cast<int32_t>(tokens.size()) - 1};
+      ASSERT_TRUE(kv.Reserve(1, static_cast<int>(tokens.size())).has_value());
+      Extend e{.seq = 1, .tokens = tokens, .positions = positions, .outputs = outputs};
+      auto out = model.Forward({&e, 1}, kv);
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_TRUE(kv.Commit(1, Iota(0, static_cast<int>(tokens.size()))).ok());
+      kv_len = static_cast<int>(seq.size());
+      const int32_t next = SampleToken((*out)[0].logits, params, seq.size());
+      seq.push_back(next);
+      want.push_back(next);
+    }
+    EXPECT_EQ(got->tokens, want);
   }
 }
 

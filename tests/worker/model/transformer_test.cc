@@ -2,6 +2,7 @@
 // explicit visibility with repeated positions, block visibility, batching, taps and LoRA.
 #include "worker/model/transformer.h"
 
+#include <cmath>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -321,6 +322,109 @@ TEST_P(TransformerTest, SlidingWindowMatchesDenseWindowedMask) {
   const auto unwindowed =
       DenseForward(config_, model_->weights(), tokens, Iota(0, n), CausalMask(n));
   EXPECT_GT(MaxRelativeError(want.logits[n - 1], unwindowed.logits[n - 1]), 1e-3);
+}
+
+// A batch of three extends with several output rows each, run on a fresh cache of the model;
+// `samples` (one list per extend, empty = none) and `return_logits` apply to every extend.
+std::vector<ExtendOutput> RunSampledBatch(Transformer& model,
+                                          const std::vector<std::vector<SampleRequest>>& samples,
+                                          bool return_logits) {
+  KvCache kv(model.KvOptions(256, 4));
+  const std::vector<std::vector<int32_t>> tokens = {
+      {5, 17, 3, 88, 41, 9}, {60, 2, 2, 71}, {33, 12, 90}};
+  const std::vector<std::vector<int32_t>> outputs = {{2, 5}, {3}, {0, 1, 2}};
+  std::vector<std::vector<int32_t>> positions(tokens.size());
+  std::vector<Extend> batch;
+  for (size_t e = 0; e < tokens.size(); ++e) {
+    EXPECT_TRUE(kv.AddSequence(e).ok());
+    EXPECT_TRUE(kv.Reserve(e, static_cast<int>(tokens[e].size())).has_value());
+    for (size_t i = 0; i < tokens[e].size(); ++i) positions[e].push_back(static_cast<int32_t>(i));
+  }
+  for (size_t e = 0; e < tokens.size(); ++e) {
+    batch.push_back({.seq = static_cast<SeqId>(e),
+                     .tokens = tokens[e],
+                     .positions = positions[e],
+                     .outputs = outputs[e],
+                     .samples = samples[e],
+                     .return_logits = return_logits});
+  }
+  auto out = model.Forward(batch, kv);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *std::move(out) : std::vector<ExtendOutput>(tokens.size());
+}
+
+TEST_P(TransformerTest, SampleRequestsGiveTheHostSamplersTokens) {
+  // Mixed settings per row: greedy, temperature, top-k, top-p, min-p, seeds, purposes.
+  const SamplingParams greedy;
+  const SamplingParams hot{.temperature = 2.0f, .seed = 7};
+  const SamplingParams top_k{.temperature = 1.5f, .top_k = 5, .seed = 11};
+  const SamplingParams top_p{.temperature = 1.2f, .top_p = 0.8f, .seed = 3};
+  const SamplingParams min_p{.temperature = 1.0f, .min_p = 0.05f, .seed = 99};
+  const SamplingParams all{.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 123456789};
+  const std::vector<std::vector<SampleRequest>> samples = {
+      {{.params = greedy, .position = 6}, {.params = hot, .position = 40}},
+      {{.params = top_k, .position = 4, .purpose = RngPurpose::kResample}},
+      {{.params = top_p, .position = 3},
+       {.params = min_p, .position = 1000},
+       {.params = all, .position = 12, .purpose = RngPurpose::kDraft}}};
+  const std::vector<std::vector<SampleRequest>> none(samples.size());
+  const std::vector<ExtendOutput> plain = RunSampledBatch(*model_, none, true);
+  const std::vector<ExtendOutput> both = RunSampledBatch(*model_, samples, true);
+  const std::vector<ExtendOutput> only = RunSampledBatch(*model_, samples, false);
+  ASSERT_EQ(plain.size(), 3u);
+  ASSERT_EQ(both.size(), 3u);
+  ASSERT_EQ(only.size(), 3u);
+  const size_t vocab = config_.vocab_size;
+  int differs_from_argmax = 0;
+  for (size_t e = 0; e < samples.size(); ++e) {
+    SCOPED_TRACE(e);
+    EXPECT_TRUE(plain[e].tokens.empty());
+    ASSERT_EQ(plain[e].logits.size(), samples[e].size() * vocab);
+    // Sampling changes nothing about the logits; without return_logits none come back.
+    EXPECT_EQ(both[e].logits, plain[e].logits);
+    EXPECT_TRUE(only[e].logits.empty());
+    ASSERT_EQ(both[e].tokens.size(), samples[e].size());
+    ASSERT_EQ(only[e].tokens.size(), samples[e].size());
+    for (size_t i = 0; i < samples[e].size(); ++i) {
+      const std::span<const float> row(plain[e].logits.data() + i * vocab, vocab);
+      const SampleRequest& r = samples[e][i];
+      const int32_t want = SampleToken(row, r.params, r.position, r.purpose);
+      EXPECT_EQ(both[e].tokens[i], want) << "row " << i;
+      EXPECT_EQ(only[e].tokens[i], want) << "row " << i;
+      if (r.params.greedy()) {
+        EXPECT_EQ(want, Argmax(row));
+      }
+      if (want != Argmax(row)) ++differs_from_argmax;
+    }
+  }
+  // The rows really sample (a sampler that ignored the settings would give argmax everywhere).
+  EXPECT_GT(differs_from_argmax, 0);
+}
+
+TEST_P(TransformerTest, MalformedSampleRequestsAreRejected) {
+  ASSERT_TRUE(kv_->AddSequence(3).ok());
+  ASSERT_TRUE(kv_->Reserve(3, 3).has_value());
+  const std::vector<int32_t> tokens = {1, 2, 3}, positions = {0, 1, 2}, outputs = {1, 2};
+  const std::vector<SampleRequest> one = {{.position = 3}};
+  Extend too_few{
+      .seq = 3, .tokens = tokens, .positions = positions, .outputs = outputs, .samples = one};
+  auto status = model_->Forward({&too_few, 1}, *kv_).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("sample requests"), std::string::npos) << status;
+  std::vector<SampleRequest> nan(2);
+  nan[1].params.temperature = std::nanf("");
+  Extend bad_setting{
+      .seq = 3, .tokens = tokens, .positions = positions, .outputs = outputs, .samples = nan};
+  EXPECT_EQ(model_->Forward({&bad_setting, 1}, *kv_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<SampleRequest> negative_k(2);
+  negative_k[0].params.top_k = -1;
+  Extend bad_k{.seq = 3,
+               .tokens = tokens,
+               .positions = positions,
+               .outputs = outputs,
+               .samples = negative_k};
+  EXPECT_EQ(model_->Forward({&bad_k, 1}, *kv_).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, TransformerTest, ::testing::Values(false, true),

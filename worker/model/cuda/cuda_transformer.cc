@@ -565,25 +565,14 @@ absl::StatusOr<std::vector<ExtendOutput>> CudaTransformer::RunEager(std::span<co
   }
   std::vector<std::vector<Bf16>> tapped(c.num_layers + 1);
   TANDEM_RETURN_IF_ERROR(Enqueue(eager_, in, kv, splits, &taps, &tapped));
-  const size_t m = in.out_rows.size();
-  std::vector<float> logits(m * c.vocab_size);
-  if (m > 0) {
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data(), eager_.logits.get(),
-                                                logits.size() * sizeof(float),
-                                                cudaMemcpyDeviceToHost, stream_));
-  }
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  std::vector<ExtendOutput> outputs(batch.size());
+  // Waits for the stream, so the taps' copies have landed too.
+  TANDEM_RETURN_IF_ERROR(Collect(batch, eager_.logits.get(), outputs));
   ++stats_.eager_steps;
 
-  std::vector<ExtendOutput> outputs(batch.size());
-  size_t row = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
     const Extend& x = batch[e];
     const size_t n = x.tokens.size();
-    const size_t k = x.outputs.size();
-    outputs[e].logits.assign(logits.begin() + row * c.vocab_size,
-                             logits.begin() + (row + k) * c.vocab_size);
-    row += k;
     outputs[e].hidden.resize(x.hidden_layers.size() * n * hidden);
     const size_t first = static_cast<size_t>(in.extend_offsets[e]) * hidden;
     for (size_t j = 0; j < x.hidden_layers.size(); ++j) {
@@ -595,10 +584,117 @@ absl::StatusOr<std::vector<ExtendOutput>> CudaTransformer::RunEager(std::span<co
   return outputs;
 }
 
+absl::Status CudaTransformer::Collect(std::span<const Extend> batch, const float* logits,
+                                      std::vector<ExtendOutput>& outputs) {
+  const int vocab = model_->config().vocab_size;
+  // The sampled span of output rows: [first, last), every row in it gets a setting.
+  int rows = 0, first = -1, last = -1;
+  for (const Extend& x : batch) {
+    const int k = static_cast<int>(x.outputs.size());
+    if (!x.samples.empty() && k > 0) {
+      if (first < 0) first = rows;
+      last = rows + k;
+    }
+    rows += k;
+  }
+  std::vector<kcu::SamplingRow> settings;
+  std::vector<int32_t> tokens;
+  if (first >= 0) {
+    settings.resize(last - first);  // default: greedy, for rows without a request
+    int row = 0;
+    for (const Extend& x : batch) {
+      for (size_t i = 0; i < x.samples.size(); ++i) {
+        const int r = row + static_cast<int>(i);
+        if (r < first || r >= last) continue;
+        const SampleRequest& q = x.samples[i];
+        kcu::SamplingRow& s = settings[r - first];
+        s.temperature = q.params.temperature;
+        s.top_k = q.params.top_k;
+        s.top_p = q.params.top_p;
+        s.min_p = q.params.min_p;
+        s.seed = q.params.seed;
+        s.position = q.position;
+        s.purpose = static_cast<uint32_t>(q.purpose);
+      }
+      row += static_cast<int>(x.outputs.size());
+    }
+    kcu::SamplingParams p;
+    p.logits = logits + static_cast<size_t>(first) * vocab;
+    p.logits_stride = vocab;
+    p.rows = last - first;
+    p.vocab = vocab;
+    const size_t workspace = kcu::WorkspaceBytes(p);
+    TANDEM_RETURN_IF_ERROR(sampling_.rows.Reserve(settings.size()));
+    TANDEM_RETURN_IF_ERROR(sampling_.tokens.Reserve(settings.size()));
+    TANDEM_RETURN_IF_ERROR(sampling_.workspace.Reserve(workspace));
+    TANDEM_RETURN_IF_ERROR(sampling_.rows.UploadAsync(settings.data(), settings.size(), stream_));
+    p.rows_params = sampling_.rows.get();
+    p.tokens = sampling_.tokens.get();
+    p.workspace = sampling_.workspace.get();
+    p.workspace_bytes = sampling_.workspace.bytes();
+    TANDEM_RETURN_IF_ERROR(kcu::Invoke(p, stream_));
+    tokens.resize(settings.size());
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens.data(), sampling_.tokens.get(),
+                                                tokens.size() * sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost, stream_));
+  }
+  // Logits: one download per run of consecutive extends that want them (one copy for a batch
+  // that all does, as before sampling existed); a lone extend's rows land in its output
+  // directly, a longer run's in `staged`, split after the wait.
+  struct Run {
+    size_t first_extend = 0, end_extend = 0;
+    int first_row = 0, rows = 0;
+  };
+  std::vector<Run> runs;
+  int row = 0;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const int k = static_cast<int>(batch[e].outputs.size());
+    if (batch[e].return_logits && k > 0) {
+      if (!runs.empty() && runs.back().end_extend == e &&
+          runs.back().first_row + runs.back().rows == row) {
+        runs.back().end_extend = e + 1;
+        runs.back().rows += k;
+      } else {
+        runs.push_back({e, e + 1, row, k});
+      }
+    }
+    row += k;
+  }
+  std::vector<std::vector<float>> staged(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Run& r = runs[i];
+    std::vector<float>& dst =
+        r.end_extend - r.first_extend == 1 ? outputs[r.first_extend].logits : staged[i];
+    dst.resize(static_cast<size_t>(r.rows) * vocab);
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst.data(), logits + static_cast<size_t>(r.first_row) * vocab,
+                        dst.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (staged[i].empty()) continue;
+    size_t offset = 0;
+    for (size_t e = runs[i].first_extend; e < runs[i].end_extend; ++e) {
+      const size_t values = batch[e].outputs.size() * static_cast<size_t>(vocab);
+      outputs[e].logits.assign(staged[i].begin() + offset, staged[i].begin() + offset + values);
+      offset += values;
+    }
+  }
+  row = 0;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const Extend& x = batch[e];
+    if (!x.samples.empty()) {
+      outputs[e].tokens.assign(tokens.begin() + (row - first),
+                               tokens.begin() + (row - first) + static_cast<int>(x.outputs.size()));
+    }
+    row += static_cast<int>(x.outputs.size());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<ExtendOutput>> CudaTransformer::RunGraph(std::span<const Extend> batch,
                                                                     StepInputs in,
                                                                     CudaKvStorage& kv) {
-  const ModelConfig& c = model_->config();
   const int real = static_cast<int>(batch.size());
   const int bucket = GraphBucket(real);
   // The split count the eager path picks for these sequences: a graph per (bucket, splits)
@@ -681,17 +777,11 @@ absl::StatusOr<std::vector<ExtendOutput>> CudaTransformer::RunGraph(std::span<co
     ++stats_.graphs_captured;
   }
   TANDEM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
-  std::vector<float> logits(static_cast<size_t>(real) * c.vocab_size);
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data(), graph_buffers_.logits.get(),
-                                              logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                              stream_));
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  ++stats_.graph_replays;
+  // Row e of the graph's logits is extend e's one output; the padding rows after `real` are
+  // never sampled or downloaded.
   std::vector<ExtendOutput> outputs(batch.size());
-  for (int e = 0; e < real; ++e) {
-    outputs[e].logits.assign(logits.begin() + static_cast<size_t>(e) * c.vocab_size,
-                             logits.begin() + static_cast<size_t>(e + 1) * c.vocab_size);
-  }
+  TANDEM_RETURN_IF_ERROR(Collect(batch, graph_buffers_.logits.get(), outputs));
+  ++stats_.graph_replays;
   return outputs;
 }
 

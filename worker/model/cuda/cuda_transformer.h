@@ -15,6 +15,12 @@
 //     SwiGLU, down, residual add fused with the next RMSNorm; gated LoRA deltas after each
 //     projection. The last layer's add is fused with the final norm; the output rows are
 //     gathered (the embedding gather over the normed rows) and projected to fp32 logits.
+//   - Sampling: when extends carry sample requests, the kernels/cuda sampler runs on the
+//     device logits after the forward (after the graph replay on the graph path: the graphs
+//     hold the forward only, and the per-row settings are uploaded for each launch), over the
+//     output rows from the first sampled row to the last (rows in between without a request
+//     get a greedy setting and their token is dropped); only the token ids come back. Logits
+//     are downloaded only for the extends with return_logits, each straight into its output.
 //   - CUDA graphs: a decode step (every extend one token that sees itself, one output, no LoRA
 //     gate, no hidden taps, static RoPE) runs as a graph captured per (batch-size bucket,
 //     attention splits), buckets kGraphBuckets extends; the batch is padded to its bucket
@@ -40,6 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/sampling.cuh"
 #include "worker/model/backend.h"
 #include "worker/model/cuda/cuda_kv_storage.h"
 #include "worker/model/cuda/device_array.h"
@@ -75,6 +82,11 @@ class CudaTransformer final : public ModelBackend {
 
   // The bucket a decode step of `extends` extends runs in; 0 when above every bucket.
   static int GraphBucket(int extends);
+
+  // The device embedding table and LM head, bf16 [vocab, hidden] (the head is the table when
+  // tied), for models that share them (the DFlash drafter); valid while the backend lives.
+  const __nv_bfloat16* device_embed() const { return embed_.get(); }
+  const __nv_bfloat16* device_head() const { return head_ptr_; }
 
  private:
   using Bf16 = __nv_bfloat16;
@@ -119,6 +131,14 @@ class CudaTransformer final : public ModelBackend {
     int token_capacity = 0;  // rows of the activation buffers
   };
 
+  // The device sampler's buffers, shared by the eager and graph paths (sampling runs outside
+  // the graphs).
+  struct SampleBuffers {
+    cuda_backend::DeviceArray<kernels::cuda::SamplingRow> rows;  // [sampled rows]
+    cuda_backend::DeviceArray<int32_t> tokens;                   // [sampled rows]
+    cuda_backend::DeviceArray<char> workspace;                   // [sampled rows, vocab] fp32
+  };
+
   CudaTransformer(const Transformer* model, const DeviceOptions& options);
   absl::Status Init();
   absl::Status UploadLora();
@@ -147,6 +167,11 @@ class CudaTransformer final : public ModelBackend {
   absl::StatusOr<std::vector<ExtendOutput>> RunGraph(std::span<const Extend> batch, StepInputs in,
                                                      cuda_backend::CudaKvStorage& kv);
   void DropGraphs();
+  // After a forward whose output rows' fp32 logits are `logits` ([rows, vocab] on the device,
+  // extends' rows in batch order): samples the rows that have requests, downloads their tokens
+  // and the logits of the extends with return_logits into `outputs`, and waits for the stream.
+  absl::Status Collect(std::span<const Extend> batch, const float* logits,
+                       std::vector<ExtendOutput>& outputs);
 
   const Transformer* model_;
   bool graphs_;
@@ -165,6 +190,7 @@ class CudaTransformer final : public ModelBackend {
   bool lora_dirty_ = true;
   bool has_lora_ = false;
 
+  SampleBuffers sampling_;
   StepBuffers eager_;
   StepBuffers graph_buffers_;      // fixed while graphs exist
   int graph_table_width_ = 0;      // block table entries per extend in graph_buffers_
