@@ -49,10 +49,6 @@ int Run(const std::string& model_dir, const std::string& target_dir,
                  std::string(device.status().message()).c_str());
     return 1;
   }
-  if (dflash && device->device != tandem::Device::kCpu) {
-    std::fprintf(stderr, "tandem-drafter: DFlash drafters run on the CPU only (--device cpu)\n");
-    return 1;
-  }
   const std::string& weights_dir = dflash ? target_dir : model_dir;
   absl::StatusOr<std::unique_ptr<tandem::Transformer>> model =
       tandem::Transformer::Load(weights_dir);
@@ -61,7 +57,10 @@ int Run(const std::string& model_dir, const std::string& target_dir,
                  model.status().ToString().c_str());
     return 1;
   }
-  if (absl::Status moved = (*model)->UseDevice(*device); !moved.ok()) {
+  // A DFlash drafter runs none of the target's layers: the target stays on the CPU and the
+  // drafter uploads its embeddings and head itself (DFlashModel::UseDevice below).
+  if (absl::Status moved = (*model)->UseDevice(dflash ? tandem::DeviceOptions{} : *device);
+      !moved.ok()) {
     std::fprintf(stderr, "tandem-drafter: --device: %s\n", moved.ToString().c_str());
     return 1;
   }
@@ -75,6 +74,10 @@ int Run(const std::string& model_dir, const std::string& target_dir,
       return 1;
     }
     dflash_model = *std::move(loaded);
+    if (absl::Status moved = dflash_model->UseDevice(*device); !moved.ok()) {
+      std::fprintf(stderr, "tandem-drafter: --device: %s\n", moved.ToString().c_str());
+      return 1;
+    }
     engine_options.dflash = dflash_model.get();
   }
   // Created before the engine, which reports its steps to it, and outliving it.

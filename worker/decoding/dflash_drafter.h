@@ -34,7 +34,7 @@ class DFlashDrafter : public Drafter {
                          std::span<const float> hidden) override;
 
   // Tokens whose context rows are cached.
-  int context_length() const { return context_.length; }
+  int context_length() const { return context_.length(); }
 
  private:
   // Drops cached rows from `length` on.

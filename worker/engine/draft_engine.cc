@@ -381,14 +381,14 @@ class DraftEngine::Loop {
       s.tokens.insert(s.tokens.end(), append.begin(), append.end());
       s.final_len = static_cast<int>(s.tokens.size());
       s.sent_end = -1;
-      const int lag = s.final_len - s.dflash.length;
+      const int lag = s.final_len - s.dflash.length();
       if (!append.empty() && lag > options_.dflash->config().max_anchor) {
         // A verifier that sends rows sends those of a step's kept tokens with its tokens, so
         // this lag is for good (the session opened before the verifier knew the layers, or
         // after its first tokens were final): end it, its sequence decodes without waiting.
         Fail(stream, id, offset,
              absl::FailedPreconditionError(absl::StrCat(
-                 "session ", id, " has target hidden states for ", s.dflash.length, " of its ",
+                 "session ", id, " has target hidden states for ", s.dflash.length(), " of its ",
                  s.final_len, " tokens; the DFlash drafter drafts from at most ",
                  options_.dflash->config().max_anchor, " tokens without them")));
         return;
@@ -498,12 +498,12 @@ void DraftEngine::Loop::DFlashStep() {
   for (auto& [key, s] : sessions_) {
     if (!s.dflash_due) continue;
     s.dflash_due = false;
-    const int anchor = s.final_len - s.dflash.length;
+    const int anchor = s.final_len - s.dflash.length();
     const int room = max_len_ - s.final_len;
     if (anchor < 1 || anchor > config.max_anchor || room <= 0) continue;
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<std::vector<int32_t>> drafts = options_.dflash->Draft(
-        s.dflash, std::span<const int32_t>(s.tokens).subspan(s.dflash.length, anchor));
+        s.dflash, std::span<const int32_t>(s.tokens).subspan(s.dflash.length(), anchor));
     ++stats_.forwards;
     ++step_;
     if (!drafts.ok()) {

@@ -16,6 +16,9 @@
 #include "nlohmann/json.hpp"
 #include "worker/model/checkpoint/checkpoint.h"
 #include "worker/model/checkpoint/internal/json_file.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "worker/model/cuda/cuda_dflash.h"
+#endif
 
 namespace tandem {
 
@@ -118,6 +121,45 @@ DFlashModel::DFlashModel(DFlashConfig config, DFlashWeights weights, const Trans
       weights_(std::move(weights)),
       target_(target),
       rope_(ComputeRope(config_.model)) {}
+
+DFlashModel::~DFlashModel() = default;
+
+absl::Status DFlashModel::UseDevice(const DeviceOptions& options) {
+  TANDEM_RETURN_IF_ERROR(CheckDeviceAvailable(options.device));
+  if (options.device == Device::kCpu) {
+    backend_.reset();
+    device_ = Device::kCpu;
+    return absl::OkStatus();
+  }
+#ifdef TANDEM_HAVE_CUDA
+  TANDEM_ASSIGN_OR_RETURN(backend_, CudaDFlash::Create(this));
+  device_ = options.device;
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("this build has no CUDA backend");
+#endif
+}
+
+absl::Status DFlashModel::Bind(DFlashContext& context) const {
+  const bool here = backend_ == nullptr
+                        ? context.storage_ == nullptr
+                        : context.storage_ != nullptr && backend_->Owns(*context.storage_);
+  if (here) return absl::OkStatus();
+  if (context.length_ > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("DFlash context: its ", context.length_, " rows are ",
+                     context.storage_ == nullptr ? "on the cpu" : "on another device or model",
+                     " but the model runs on ", std::string(DeviceName(device_)),
+                     "; truncate the context to 0 or start a new one"));
+  }
+  context.keys_.clear();
+  context.values_.clear();
+  context.storage_.reset();
+  if (backend_ != nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(context.storage_, backend_->NewStorage());
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<DFlashModel>> DFlashModel::Load(const std::string& dir,
                                                                const Transformer* target) {
@@ -236,11 +278,17 @@ absl::Status DFlashModel::AppendContext(DFlashContext& context, std::span<const 
                                                    " hidden values for ", n, " tokens, expected [",
                                                    k, ", ", n, ", ", h, "]"));
   }
-  if (context.keys.size() != static_cast<size_t>(c.num_layers)) {
-    context.keys.resize(c.num_layers);
-    context.values.resize(c.num_layers);
-  }
+  TANDEM_RETURN_IF_ERROR(Bind(context));
   if (n == 0) return absl::OkStatus();
+  if (backend_ != nullptr) {
+    TANDEM_RETURN_IF_ERROR(backend_->AppendHost(*context.storage_, context.length_, hidden, n));
+    context.length_ += n;
+    return absl::OkStatus();
+  }
+  if (context.keys_.size() != static_cast<size_t>(c.num_layers)) {
+    context.keys_.resize(c.num_layers);
+    context.values_.resize(c.num_layers);
+  }
   // [n, k * h]: token t's taps side by side, in target_layer_ids order.
   std::vector<float> fused(static_cast<size_t>(n) * k * h);
   for (int t = 0; t < n; ++t) {
@@ -256,7 +304,7 @@ absl::Status DFlashModel::AppendContext(DFlashContext& context, std::span<const 
   const int kv_width = 2 * hkv * d;
   std::vector<float> kv(static_cast<size_t>(n) * kv_width);  // [n, k heads | v heads]
   std::vector<int32_t> positions(n);
-  for (int t = 0; t < n; ++t) positions[t] = context.length + t;
+  for (int t = 0; t < n; ++t) positions[t] = context.length_ + t;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights_.layers[layer];
     // The k and v rows of the fused qkv weight.
@@ -276,35 +324,78 @@ absl::Status DFlashModel::AppendContext(DFlashContext& context, std::span<const 
     rp.head_dim = d;
     rp.row_stride = kv_width;
     kc::RopeInvoke(rp);
-    std::vector<float>& keys = context.keys[layer];
-    std::vector<float>& values = context.values[layer];
+    std::vector<float>& keys = context.keys_[layer];
+    std::vector<float>& values = context.values_[layer];
     for (int t = 0; t < n; ++t) {
       const float* row = &kv[static_cast<size_t>(t) * kv_width];
       keys.insert(keys.end(), row, row + hkv * d);
       values.insert(values.end(), row + hkv * d, row + kv_width);
     }
   }
-  context.length += n;
+  context.length_ += n;
   return absl::OkStatus();
 }
 
-void DFlashModel::TruncateContext(DFlashContext& context, int length) {
-  if (length >= context.length) return;
-  length = std::max(length, 0);
-  for (size_t l = 0; l < context.keys.size(); ++l) {
-    const size_t width = context.length > 0 ? context.keys[l].size() / context.length : 0;
-    context.keys[l].resize(width * length);
-    context.values[l].resize(width * length);
+absl::Status DFlashModel::AppendContextDevice(DFlashContext& context, const void* rows, int n,
+                                              CUstream_st* stream) const {
+  if (backend_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "DFlash context: device rows need the model on cuda (DFlashModel::UseDevice); it runs "
+        "on the cpu");
   }
-  context.length = length;
+  if (n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("DFlash context: ", n, " tokens"));
+  }
+  if (n > 0 && rows == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DFlash context: null device rows for ", n, " tokens"));
+  }
+  TANDEM_RETURN_IF_ERROR(Bind(context));
+  if (n == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(
+      backend_->AppendDevice(*context.storage_, context.length_, rows, n, stream));
+  context.length_ += n;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> DFlashModel::BlockLogits(const DFlashContext& context,
-                                                            std::span<const int32_t> clean) const {
+absl::Status DFlashModel::ReadContext(const DFlashContext& context,
+                                      std::vector<std::vector<float>>& keys,
+                                      std::vector<std::vector<float>>& values) const {
+  const int layers = config_.model.num_layers;
+  if (context.storage_ == nullptr || context.length_ == 0) {
+    if (context.length_ > 0 && context.keys_.size() != static_cast<size_t>(layers)) {
+      return absl::InvalidArgumentError("DFlash context: built for another model");
+    }
+    keys = context.keys_;
+    values = context.values_;
+    keys.resize(layers);
+    values.resize(layers);
+    return absl::OkStatus();
+  }
+  if (backend_ == nullptr || !backend_->Owns(*context.storage_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("DFlash context: its rows are on a device this model (on ",
+                     std::string(DeviceName(device_)), ") does not hold"));
+  }
+  return backend_->Read(*context.storage_, context.length_, keys, values);
+}
+
+void DFlashModel::TruncateContext(DFlashContext& context, int length) {
+  if (length >= context.length_) return;
+  length = std::max(length, 0);
+  // Device rows past the length are simply overwritten by later appends.
+  for (size_t l = 0; l < context.keys_.size(); ++l) {
+    const size_t width = context.length_ > 0 ? context.keys_[l].size() / context.length_ : 0;
+    context.keys_[l].resize(width * length);
+    context.values_[l].resize(width * length);
+  }
+  context.length_ = length;
+}
+
+absl::StatusOr<std::vector<int32_t>> DFlashModel::BlockTokens(
+    const DFlashContext& context, std::span<const int32_t> clean) const {
   const ModelConfig& c = config_.model;
-  const int h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
-  const int b = config_.block_size, inter = c.intermediate_size, vocab = c.vocab_size;
-  const int p = context.length;
+  const int b = config_.block_size, vocab = c.vocab_size;
   const int a = static_cast<int>(clean.size());
   if (a < 1 || a > b) {
     return absl::InvalidArgumentError(
@@ -316,14 +407,46 @@ absl::StatusOr<std::vector<float>> DFlashModel::BlockLogits(const DFlashContext&
           absl::StrCat("DFlash block: token ", t, " outside the vocabulary of ", vocab));
     }
   }
-  if (p > 0 && context.keys.size() != static_cast<size_t>(c.num_layers)) {
+  // An empty context runs anywhere (the backend then uses scratch rows of its own).
+  const bool here =
+      context.length_ == 0 ||
+      (backend_ == nullptr ? context.storage_ == nullptr
+                           : context.storage_ != nullptr && backend_->Owns(*context.storage_));
+  if (!here) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("DFlash block: the context's ", context.length_, " rows are ",
+                     context.storage_ == nullptr ? "on the cpu" : "on another device or model",
+                     " but the model runs on ", std::string(DeviceName(device_))));
+  }
+  if (context.storage_ == nullptr && context.length_ > 0 &&
+      context.keys_.size() != static_cast<size_t>(c.num_layers)) {
     return absl::InvalidArgumentError("DFlash block: context built for another model");
   }
+  std::vector<int32_t> block(clean.begin(), clean.end());
+  block.resize(b, config_.mask_token_id);
+  return block;
+}
+
+absl::StatusOr<std::vector<float>> DFlashModel::BlockLogits(const DFlashContext& context,
+                                                            std::span<const int32_t> clean) const {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> block, BlockTokens(context, clean));
+  if (backend_ != nullptr) {
+    return backend_->BlockLogits(context.length_ > 0 ? context.storage_.get() : nullptr,
+                                 context.length_, block);
+  }
+  return CpuBlockLogits(context, block);
+}
+
+absl::StatusOr<std::vector<float>> DFlashModel::CpuBlockLogits(
+    const DFlashContext& context, std::span<const int32_t> block) const {
+  const ModelConfig& c = config_.model;
+  const int h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
+  const int b = config_.block_size, inter = c.intermediate_size, vocab = c.vocab_size;
+  const int p = context.length_;
   const std::vector<float>& embed = target_->weights().embed;
   std::vector<float> x(static_cast<size_t>(b) * h);  // residual stream [b, h]
   for (int j = 0; j < b; ++j) {
-    const int32_t token = j < a ? clean[j] : config_.mask_token_id;
-    std::memcpy(&x[static_cast<size_t>(j) * h], &embed[static_cast<size_t>(token) * h],
+    std::memcpy(&x[static_cast<size_t>(j) * h], &embed[static_cast<size_t>(block[j]) * h],
                 sizeof(float) * h);
   }
   std::vector<int32_t> positions(b);
@@ -362,8 +485,8 @@ absl::StatusOr<std::vector<float>> DFlashModel::BlockLogits(const DFlashContext&
       kc::RopeInvoke(rp);
     }
     if (p > 0) {
-      std::memcpy(keys.data(), context.keys[layer].data(), sizeof(float) * p * kv_row);
-      std::memcpy(values.data(), context.values[layer].data(), sizeof(float) * p * kv_row);
+      std::memcpy(keys.data(), context.keys_[layer].data(), sizeof(float) * p * kv_row);
+      std::memcpy(values.data(), context.values_[layer].data(), sizeof(float) * p * kv_row);
     }
     for (int j = 0; j < b; ++j) {
       const float* row = &qkv[static_cast<size_t>(j) * qkv_width];
@@ -405,6 +528,11 @@ absl::StatusOr<std::vector<float>> DFlashModel::BlockLogits(const DFlashContext&
 
 absl::StatusOr<std::vector<int32_t>> DFlashModel::Draft(const DFlashContext& context,
                                                         std::span<const int32_t> clean) const {
+  if (backend_ != nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> block, BlockTokens(context, clean));
+    return backend_->Draft(context.length_ > 0 ? context.storage_.get() : nullptr, context.length_,
+                           block, static_cast<int>(clean.size()));
+  }
   TANDEM_ASSIGN_OR_RETURN(std::vector<float> logits, BlockLogits(context, clean));
   const int vocab = config_.model.vocab_size;
   std::vector<int32_t> drafts;

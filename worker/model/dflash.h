@@ -1,4 +1,5 @@
-// A DFlash-style block drafter conditioned on the target's hidden states, on the CPU in fp32.
+// A DFlash-style block drafter conditioned on the target's hidden states, on the CPU in fp32 or,
+// after UseDevice({Device::kCuda}), on a GPU in bf16 (worker/model/cuda/cuda_dflash.h).
 //
 // Context: for each committed token t the target's residual stream after the layers
 // config.target_layer_ids (worker/model/extend.h taps: layer l = after l decoder layers, 0 =
@@ -14,8 +15,10 @@
 // final norm and the target's lm_head. Slot j's logits predict the token at position p + j; the
 // drafts are the argmax of slots a .. B - 1.
 //
-// Thread-safety: the model is immutable after creation; Forward methods only write the context
-// passed in and per-call buffers, so several threads may draft with distinct contexts.
+// Thread-safety: apart from UseDevice the model is immutable after creation; the other methods
+// only write the context passed in and per-call buffers (on a device: the backend's, under its
+// lock), so several threads may draft with distinct contexts. UseDevice must not run
+// concurrently with anything else.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +29,8 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/checkpoint/model_config.h"
+#include "worker/model/device.h"
+#include "worker/model/dflash_backend.h"
 #include "worker/model/transformer.h"
 #include "worker/model/weights.h"
 
@@ -52,11 +57,29 @@ struct DFlashWeights {
   std::vector<LayerWeights> layers;
 };
 
-// Per-session context K/V: one row per committed token, position = row index.
-struct DFlashContext {
-  int length = 0;
-  std::vector<std::vector<float>> keys;    // [layers][length, kv_heads * head_dim], RoPE applied
-  std::vector<std::vector<float>> values;  // [layers][length, kv_heads * head_dim]
+// Per-session context K/V: one row per committed token, position = row index. The rows live on
+// the device the model ran on when the first row was appended: fp32 host vectors on the CPU, or
+// storage made and read only by the model's device backend. An empty context (new, or truncated
+// to 0) follows the model to its current device; a non-empty one on another device is refused.
+// Move-only; a context on a device must not outlive the process's use of that device.
+class DFlashContext {
+ public:
+  DFlashContext() = default;
+  DFlashContext(DFlashContext&&) = default;
+  DFlashContext& operator=(DFlashContext&&) = default;
+
+  int length() const { return length_; }
+  // Whether the rows are in a device backend's storage.
+  bool on_device() const { return storage_ != nullptr; }
+
+ private:
+  friend class DFlashModel;
+
+  int length_ = 0;
+  // CPU: [layers][length, kv_heads * head_dim], RoPE applied to the keys.
+  std::vector<std::vector<float>> keys_;
+  std::vector<std::vector<float>> values_;
+  std::unique_ptr<DFlashContextStorage> storage_;  // device rows (null on the CPU)
 };
 
 // Whether <dir>/config.json names kDFlashArchitecture (false when it cannot be read).
@@ -81,32 +104,66 @@ class DFlashModel {
                                                              DFlashWeights weights,
                                                              const Transformer* target);
 
+  ~DFlashModel();
+
+  // Moves AppendContext, BlockLogits and Draft to `options.device`. kCuda uploads the drafter's
+  // weights in bf16 and keeps the contexts' K/V on the GPU; it reuses the target's device
+  // embeddings and LM head when the target runs on CUDA (the target must then stay there while
+  // this model does), else uploads its own. Errors as CheckDeviceAvailable, FailedPrecondition
+  // in a build without CUDA. Contexts with rows on the old device are refused afterwards.
+  absl::Status UseDevice(const DeviceOptions& options);
+  Device device() const { return device_; }
+
   const DFlashConfig& config() const { return config_; }
   const DFlashWeights& weights() const { return weights_; }
   const Transformer& target() const { return *target_; }
   int hidden_size() const { return config_.model.hidden_size; }
 
-  // Appends `n` committed tokens to `context` (positions context.length ..). `hidden`:
+  // Appends `n` committed tokens to `context` (positions context.length() ..). `hidden`:
   // [target_layer_ids.size(), n, hidden_size], the ExtendOutput::hidden layout of the taps.
   absl::Status AppendContext(DFlashContext& context, std::span<const float> hidden, int n) const;
-  // Drops the context rows from `length` on.
+  // The same from rows already on the GPU (the model on kCuda, else FailedPrecondition):
+  // `rows` is bf16 [target_layer_ids.size(), n, hidden_size] in device memory, valid once the
+  // work queued on `stream` (a cudaStream_t) so far has run; the reads are ordered after that
+  // work and before work queued on `stream` after this call, so the caller may reuse the rows in
+  // stream order. Returns without waiting for the GPU.
+  absl::Status AppendContextDevice(DFlashContext& context, const void* rows, int n,
+                                   CUstream_st* stream) const;
+  // Drops the context rows from `length` on (on any device: only the length changes there).
   static void TruncateContext(DFlashContext& context, int length);
+  // The context's rows as fp32 (downloaded when on a device): keys and values
+  // [layers][length, kv_heads * head_dim], RoPE applied to the keys.
+  absl::Status ReadContext(const DFlashContext& context, std::vector<std::vector<float>>& keys,
+                           std::vector<std::vector<float>>& values) const;
 
   // Logits [block_size, vocab] of the block whose first tokens are `clean` (1 .. block_size of
-  // them; the rest are masks) at positions context.length ...
+  // them; the rest are masks) at positions context.length() ... FailedPrecondition when the
+  // context's rows are on another device. On CUDA the logits are downloaded.
   absl::StatusOr<std::vector<float>> BlockLogits(const DFlashContext& context,
                                                  std::span<const int32_t> clean) const;
-  // The greedy drafts: argmax of slots clean.size() .. block_size - 1.
+  // The greedy drafts: argmax of slots clean.size() .. block_size - 1 (on CUDA taken on the
+  // GPU; only the token ids are downloaded).
   absl::StatusOr<std::vector<int32_t>> Draft(const DFlashContext& context,
                                              std::span<const int32_t> clean) const;
 
  private:
   DFlashModel(DFlashConfig config, DFlashWeights weights, const Transformer* target);
 
+  // Binds an empty context to the current device; OK when the rows are already there,
+  // FailedPrecondition when they are on another device.
+  absl::Status Bind(DFlashContext& context) const;
+  // Checks `clean` and the context and returns the block's tokens (clean, then masks).
+  absl::StatusOr<std::vector<int32_t>> BlockTokens(const DFlashContext& context,
+                                                   std::span<const int32_t> clean) const;
+  absl::StatusOr<std::vector<float>> CpuBlockLogits(const DFlashContext& context,
+                                                    std::span<const int32_t> block) const;
+
   DFlashConfig config_;
   DFlashWeights weights_;
   const Transformer* target_;
   RopeTables rope_;
+  Device device_ = Device::kCpu;
+  std::unique_ptr<DFlashBackend> backend_;  // null on the CPU
 };
 
 }  // namespace tandem

@@ -4,6 +4,7 @@
 // against PyTorch's fixtures.
 #include "worker/model/dflash.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -249,12 +250,16 @@ TEST_F(DFlashTest, IncrementalContextEqualsAllAtOnce) {
     ASSERT_TRUE((*model)->AppendContext(parts, Flat(rows, at, at + n), n).ok());
     at += n;
   }
-  ASSERT_EQ(parts.length, 8);
-  for (size_t l = 0; l < whole.keys.size(); ++l) {
-    ASSERT_EQ(whole.keys[l].size(), parts.keys[l].size());
-    for (size_t i = 0; i < whole.keys[l].size(); ++i) {
-      EXPECT_NEAR(whole.keys[l][i], parts.keys[l][i], 1e-5);
-      EXPECT_NEAR(whole.values[l][i], parts.values[l][i], 1e-5);
+  ASSERT_EQ(parts.length(), 8);
+  std::vector<std::vector<float>> whole_keys, whole_values, parts_keys, parts_values;
+  ASSERT_TRUE((*model)->ReadContext(whole, whole_keys, whole_values).ok());
+  ASSERT_TRUE((*model)->ReadContext(parts, parts_keys, parts_values).ok());
+  ASSERT_EQ(whole_keys.size(), static_cast<size_t>(spec_.num_layers));
+  for (size_t l = 0; l < whole_keys.size(); ++l) {
+    ASSERT_EQ(whole_keys[l].size(), parts_keys[l].size());
+    for (size_t i = 0; i < whole_keys[l].size(); ++i) {
+      EXPECT_NEAR(whole_keys[l][i], parts_keys[l][i], 1e-5);
+      EXPECT_NEAR(whole_values[l][i], parts_values[l][i], 1e-5);
     }
   }
   const std::vector<int32_t> clean = {4, 9};
@@ -264,11 +269,80 @@ TEST_F(DFlashTest, IncrementalContextEqualsAllAtOnce) {
   for (size_t i = 0; i < a->size(); ++i) EXPECT_NEAR((*a)[i], (*b)[i], 1e-4);
   // Truncating and re-appending restores the same context.
   DFlashModel::TruncateContext(parts, 5);
-  EXPECT_EQ(parts.length, 5);
+  EXPECT_EQ(parts.length(), 5);
   ASSERT_TRUE((*model)->AppendContext(parts, Flat(rows, 5, 8), 3).ok());
   auto c = (*model)->BlockLogits(parts, clean);
   ASSERT_TRUE(c.ok());
   for (size_t i = 0; i < a->size(); ++i) EXPECT_NEAR((*a)[i], (*c)[i], 1e-4);
+}
+
+// Host-side bookkeeping of a context: length, truncation bounds, the rows ReadContext returns.
+TEST_F(DFlashTest, ContextBookkeeping) {
+  auto model = Load(testing::DFlashConfigJson(spec_), tensors_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const size_t kv_row = static_cast<size_t>(spec_.num_kv_heads) * spec_.head_dim;
+  DFlashContext context;
+  EXPECT_EQ(context.length(), 0);
+  EXPECT_FALSE(context.on_device());
+  std::vector<std::vector<float>> keys, values;
+  ASSERT_TRUE((*model)->ReadContext(context, keys, values).ok());
+  ASSERT_EQ(keys.size(), static_cast<size_t>(spec_.num_layers));
+  EXPECT_TRUE(keys[0].empty());
+  std::mt19937 rng(8);
+  const auto rows = RandomRows(6, rng);
+  ASSERT_TRUE((*model)->AppendContext(context, Flat(rows, 0, 6), 6).ok());
+  EXPECT_EQ(context.length(), 6);
+  EXPECT_FALSE(context.on_device());
+  DFlashModel::TruncateContext(context, 9);  // past the end: unchanged
+  EXPECT_EQ(context.length(), 6);
+  ASSERT_TRUE((*model)->ReadContext(context, keys, values).ok());
+  const std::vector<float> first_keys = keys[1];
+  ASSERT_EQ(first_keys.size(), 6 * kv_row);
+  DFlashModel::TruncateContext(context, 4);
+  EXPECT_EQ(context.length(), 4);
+  ASSERT_TRUE((*model)->ReadContext(context, keys, values).ok());
+  ASSERT_EQ(keys[1].size(), 4 * kv_row);
+  ASSERT_EQ(values[1].size(), 4 * kv_row);
+  EXPECT_TRUE(std::equal(keys[1].begin(), keys[1].end(), first_keys.begin()));
+  DFlashModel::TruncateContext(context, -3);  // clamps to empty
+  EXPECT_EQ(context.length(), 0);
+  // A moved context keeps its rows.
+  ASSERT_TRUE((*model)->AppendContext(context, Flat(rows, 0, 2), 2).ok());
+  DFlashContext moved = std::move(context);
+  EXPECT_EQ(moved.length(), 2);
+  ASSERT_TRUE((*model)->ReadContext(moved, keys, values).ok());
+  EXPECT_EQ(keys[0].size(), 2 * kv_row);
+}
+
+// Device rows need the model on CUDA; on the CPU the call is refused and the context unchanged.
+TEST_F(DFlashTest, DeviceRowsNeedTheModelOnCuda) {
+  auto model = Load(testing::DFlashConfigJson(spec_), tensors_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  DFlashContext context;
+  const absl::Status status = (*model)->AppendContextDevice(context, nullptr, 3, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("UseDevice"));
+  EXPECT_EQ(context.length(), 0);
+  EXPECT_EQ((*model)->device(), Device::kCpu);
+}
+
+// --device cuda where it cannot run (a build without CUDA, or no GPU): UseDevice gives
+// CheckDeviceAvailable's error and the model keeps drafting on the CPU.
+TEST_F(DFlashTest, UseDeviceWithoutAGpuKeepsTheCpu) {
+  auto model = Load(testing::DFlashConfigJson(spec_), tensors_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->UseDevice({.device = Device::kCpu}).ok());
+  const absl::Status available = CheckDeviceAvailable(Device::kCuda);
+  if (available.ok()) GTEST_SKIP() << "a CUDA device is visible (cuda_dflash_test covers it)";
+  const absl::Status status = (*model)->UseDevice({.device = Device::kCuda});
+  EXPECT_EQ(status.code(), available.code());
+  EXPECT_EQ(status.message(), available.message());
+  EXPECT_EQ((*model)->device(), Device::kCpu);
+  std::mt19937 rng(2);
+  DFlashContext context;
+  ASSERT_TRUE((*model)->AppendContext(context, Flat(RandomRows(3, rng), 0, 3), 3).ok());
+  EXPECT_FALSE(context.on_device());
+  EXPECT_TRUE((*model)->Draft(context, std::vector<int32_t>{5}).ok());
 }
 
 TEST_F(DFlashTest, Bf16CheckpointLoads) {
