@@ -32,7 +32,8 @@ struct BenchServeArgs {
   double duration_seconds = 0;     // > 0: run each window this long instead
   int rounds = 3;                  // windows (rounds) per (mode, concurrency); >= 1
   // After a level's rounds, this many more rounds of just auto and the best fixed mode so far,
-  // in ABBA order (bench_serve_stats.h PairOrder); 0 = none.
+  // in ABBA order (bench_serve_stats.h PairOrder), and as many again with any other fixed mode
+  // that leads after them; 0 = none.
   int pair_rounds = 4;
   double warmup_seconds = 2;  // per mode before measuring; 0 = none
   int max_tokens = 64;

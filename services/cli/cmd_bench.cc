@@ -143,7 +143,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->add_option("--pair-rounds", serve->pair_rounds,
                    "After each level's rounds, rounds of only auto and the fixed mode leading so "
                    "far, alternately first (ABBA), so that the criterion's two medians have the "
-                   "most windows; 0 = none")
+                   "most windows (again with a mode that leads after them); 0 = none")
       ->capture_default_str();
   serve_cmd
       ->add_option("--warmup", serve->warmup_seconds,
