@@ -157,6 +157,12 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
   }
   if (verifier || drafter) {
     kv_usage_ = &r.Gauges("tandem_kv_usage_ratio", "Used KV blocks / all KV blocks")->Add({});
+    hidden_transport_streams_ =
+        r.Counters("tandem_hidden_transport_streams_total",
+                   "Draft streams whose hidden-state transport settled (bytes, nccl, failed)");
+    for (const char* transport : {"bytes", "nccl", "failed"}) {
+      hidden_transport_streams_->Add({{"transport", transport}});
+    }
     step_duration_ = &r.Histograms("tandem_step_duration_seconds",
                                    "One batched forward (plan, forward, consume, commit)")
                           ->Add({}, StepBuckets());
@@ -331,6 +337,12 @@ void ServiceMetrics::ObserveDraftVerified(const std::string& mode, int drafted, 
   for (int position = 0; position < accepted; ++position) {
     const int label = std::min(position, kMaxAcceptedPosition);
     accepted_position_->Add({{"mode", mode}, {"position", std::to_string(label)}}).Increment();
+  }
+}
+
+void ServiceMetrics::AddHiddenTransportStream(const std::string& transport) {
+  if (hidden_transport_streams_ != nullptr) {
+    hidden_transport_streams_->Add({{"transport", transport}}).Increment();
   }
 }
 

@@ -102,6 +102,11 @@ class ServiceMetrics {
   void AddMigration(const std::string& reason);  // "verifier_failed"
   void SetWorkerUp(const std::string& worker, const std::string& role, bool up);
 
+  // Verifier and drafter: a Draft stream's hidden-state transport settled (`transport`: bytes,
+  // nccl, or failed when NCCL was required and impossible; a stream that falls back from nccl
+  // counts again under bytes or failed).
+  void AddHiddenTransportStream(const std::string& transport);
+
   // Drafter.
   void SetDrafterSessions(int64_t sessions);
   void AddDrafterForwards(int64_t forwards);
@@ -139,6 +144,7 @@ class ServiceMetrics {
   prometheus::Gauge* drafter_sessions_ = nullptr;
   prometheus::Counter* drafter_forwards_ = nullptr;
   prometheus::Family<prometheus::Counter>* fallbacks_ = nullptr;
+  prometheus::Family<prometheus::Counter>* hidden_transport_streams_ = nullptr;
 };
 
 // Prints "<binary> metrics on <address>" on stdout and flushes (`tandem up` and the tests read

@@ -2,16 +2,20 @@
 
 #include <unistd.h>
 
-#include <bit>
-#include <cstring>
+#include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <memory>
 #include <random>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/version.h"
+#include "services/common/metrics.h"
 #include "services/drafter/chain_outbox.h"
 
 namespace tandem {
@@ -20,22 +24,16 @@ namespace {
 
 namespace v1 = ::tandem::v1;
 
-static_assert(std::endian::native == std::endian::little,
-              "hidden states travel as little-endian bf16 and are copied as they are");
+// A hidden-transport status travels through the outbox as a chain of this reserved session with
+// `from` -1 (the engine's chains never have either), written as a DraftChain.hidden_transport.
+constexpr uint64_t kTransportStatusSession = std::numeric_limits<uint64_t>::max();
 
-// The wire's hidden states as rows (the engine checks their shape against what it asked for).
-absl::StatusOr<HiddenRows> ToRows(const v1::HiddenStates& wire) {
-  if (wire.bf16().size() % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hidden states of ", wire.bf16().size(), " bytes are not whole bf16 values"));
-  }
-  HiddenRows rows{.layers = wire.num_layers(),
-                  .tokens = wire.num_tokens(),
-                  .hidden_size = wire.hidden_size(),
-                  .offset = wire.offset(),
-                  .bf16 = std::vector<uint16_t>(wire.bf16().size() / 2)};
-  if (!rows.bf16.empty()) std::memcpy(rows.bf16.data(), wire.bf16().data(), wire.bf16().size());
-  return rows;
+DraftChain TransportStatusChain(const absl::Status& status) {
+  return DraftChain{.session = kTransportStatusSession, .from = -1, .error = status};
+}
+
+bool IsTransportStatus(const DraftChain& chain) {
+  return chain.session == kTransportStatusSession && chain.from == -1;
 }
 
 grpc::Status ToGrpc(const absl::Status& status) {
@@ -49,8 +47,11 @@ grpc::Status ToGrpc(const absl::Status& status) {
 // is alive whenever a granted write starts.
 class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage, v1::DraftChain> {
  public:
-  DraftStream(DraftEngine* engine, size_t max_queued)
-      : engine_(engine), shared_(std::make_shared<Shared>(max_queued)) {
+  DraftStream(DraftEngine* engine, const DrafterServiceOptions& options, std::string peer)
+      : engine_(engine),
+        options_(options),
+        peer_(std::move(peer)),
+        shared_(std::make_shared<Shared>(options.max_queued_chains)) {
     shared_->stream = this;
     stream_id_ = engine_->AddStream([shared = shared_](DraftChain chain) {
       // Runs on the engine thread, possibly after OnDone: the outbox is closed by then and
@@ -61,9 +62,12 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
     StartRead(&in_);
   }
 
+  ~DraftStream() override { ShutdownReceiver(); }
+
   void OnReadDone(bool ok) override {
     if (!ok) {
       // The verifier closed its side or the call ended: its sessions go with it.
+      ShutdownReceiver();
       engine_->RemoveStream(stream_id_);
       Apply(shared_->outbox.Close(absl::OkStatus()));
       return;
@@ -76,11 +80,13 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
   void OnWriteDone(bool ok) override { Apply(shared_->outbox.WriteDone(ok)); }
 
   void OnCancel() override {
+    ShutdownReceiver();
     engine_->RemoveStream(stream_id_);
     Apply(shared_->outbox.Close(absl::CancelledError("the draft stream was cancelled")));
   }
 
   void OnDone() override {
+    ShutdownReceiver();
     engine_->RemoveStream(stream_id_);
     delete this;
   }
@@ -93,7 +99,14 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
   };
 
   void Apply(ChainOutbox::Action action) {
-    if (action.write) {
+    if (action.write && IsTransportStatus(*action.write)) {
+      out_.Clear();
+      v1::HiddenTransportStatus* status = out_.mutable_hidden_transport();
+      status->set_transport(v1::HIDDEN_TRANSPORT_NCCL);
+      status->set_ready(action.write->error.ok());
+      status->set_error(std::string(action.write->error.message()));
+      StartWrite(&out_);
+    } else if (action.write) {
       const DraftChain& c = *action.write;
       out_.Clear();
       out_.set_session(c.session);
@@ -106,47 +119,155 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
     if (action.finish) Finish(ToGrpc(*action.finish));
   }
 
-  // Converts the wire message and hands it to the engine, which validates it.
+  // Converts the wire message and hands it to the engine, which validates it. Every message
+  // passes through the hidden-state receiver, which keeps them in order while an NCCL payload is
+  // on its way.
   void Dispatch(const v1::DraftClientMessage& m) {
+    if (!transport_known_ && ((m.has_open() && m.open().hidden().num_tokens() > 0) ||
+                              (m.has_advance() && m.advance().hidden().num_tokens() > 0))) {
+      // No setup came ahead of the first rows: bytes, as with an older verifier.
+      transport_known_ = true;
+      Log("hidden states arrive as in-stream bytes (the verifier set up no other transport)");
+      Count("bytes");
+    }
+    DraftEngine* engine = engine_;
+    const uint64_t stream = stream_id_;
+    const uint64_t session = m.session();
     switch (m.kind_case()) {
       case v1::DraftClientMessage::kOpen: {
-        absl::StatusOr<HiddenRows> hidden = ToRows(m.open().hidden());
-        if (!hidden.ok()) {
-          engine_->Reject(stream_id_, m.session(), hidden.status());
-          break;
-        }
-        engine_->Open(stream_id_, m.session(),
-                      std::vector<int32_t>(m.open().tokens().begin(), m.open().tokens().end()),
-                      m.open().gamma(), std::move(*hidden), m.open().block_size());
+        Receive(&m.open().hidden(),
+                [engine, stream, session,
+                 tokens = std::vector<int32_t>(m.open().tokens().begin(), m.open().tokens().end()),
+                 gamma = m.open().gamma(),
+                 block_size = m.open().block_size()](absl::StatusOr<HiddenRows> hidden) mutable {
+                  if (!hidden.ok()) {
+                    engine->Reject(stream, session, hidden.status());
+                    return;
+                  }
+                  engine->Open(stream, session, std::move(tokens), gamma, std::move(*hidden),
+                               block_size);
+                });
         break;
       }
       case v1::DraftClientMessage::kAdvance: {
-        absl::StatusOr<HiddenRows> hidden = ToRows(m.advance().hidden());
-        if (!hidden.ok()) {
-          engine_->Reject(stream_id_, m.session(), hidden.status());
-          break;
-        }
-        engine_->Advance(
-            stream_id_, m.session(), m.advance().offset(),
-            std::vector<int32_t>(m.advance().append().begin(), m.advance().append().end()),
-            m.advance().gamma(), std::move(*hidden));
+        Receive(&m.advance().hidden(),
+                [engine, stream, session, offset = m.advance().offset(),
+                 append =
+                     std::vector<int32_t>(m.advance().append().begin(), m.advance().append().end()),
+                 gamma = m.advance().gamma()](absl::StatusOr<HiddenRows> hidden) mutable {
+                  if (!hidden.ok()) {
+                    engine->Reject(stream, session, hidden.status());
+                    return;
+                  }
+                  engine->Advance(stream, session, offset, std::move(append), gamma,
+                                  std::move(*hidden));
+                });
         break;
       }
       case v1::DraftClientMessage::kClose:
-        engine_->Close(stream_id_, m.session());
+        Receive(nullptr, [engine, stream, session](absl::StatusOr<HiddenRows>) {
+          engine->Close(stream, session);
+        });
+        break;
+      case v1::DraftClientMessage::kHiddenTransport:
+        SetUpHiddenTransport(m.hidden_transport());
         break;
       case v1::DraftClientMessage::KIND_NOT_SET:
-        engine_->Reject(stream_id_, m.session(),
-                        absl::InvalidArgumentError(
-                            absl::StrCat("a message for session ", m.session(),
-                                         " carries no open, advance or close (a newer client?)")));
+        Receive(nullptr, [engine, stream, session](absl::StatusOr<HiddenRows>) {
+          engine->Reject(stream, session,
+                         absl::InvalidArgumentError(
+                             absl::StrCat("a message for session ", session,
+                                          " carries no open, advance or close (a newer client?)")));
+        });
         break;
     }
   }
 
+  void Receive(const v1::HiddenStates* wire, HiddenReceiver::Done done) {
+    absl::MutexLock lock(&receiver_mu_);
+    if (receiver_ != nullptr) receiver_->Receive(wire, std::move(done));
+  }
+
+  void ShutdownReceiver() {
+    std::unique_ptr<HiddenReceiver> receiver;
+    {
+      absl::MutexLock lock(&receiver_mu_);
+      receiver = std::move(receiver_);
+    }
+    if (receiver != nullptr) receiver->Shutdown();
+  }
+
+  void Log(const std::string& line) const {
+    std::fprintf(stderr, "tandem-drafter: draft stream from %s: %s\n", peer_.c_str(), line.c_str());
+  }
+
+  void Count(const char* transport) const {
+    if (options_.metrics != nullptr) options_.metrics->AddHiddenTransportStream(transport);
+  }
+
+  // The verifier's choice of hidden-state transport (HiddenTransportSetup).
+  void SetUpHiddenTransport(const v1::HiddenTransportSetup& setup) {
+    transport_known_ = true;
+    if (setup.transport() != v1::HIDDEN_TRANSPORT_NCCL) {
+      Log(absl::StrCat("hidden states arrive as in-stream bytes: ", setup.reason()));
+      Count("bytes");
+      return;
+    }
+    const HiddenTransportEnd& local = options_.hidden_transport;
+    const bool required = local.mode == HiddenTransportMode::kNccl;
+    absl::StatusOr<std::unique_ptr<HiddenReceiver>> started = absl::FailedPreconditionError(
+        absl::StrCat("this drafter cannot use NCCL: ", local.why_not));
+    if (local.nccl) {
+      NcclHiddenOptions nccl = options_.nccl;
+      nccl.device = std::max(local.device, 0);
+      // The status callback runs on the receiver's thread, possibly after OnDone: like the
+      // engine's chains, it only reaches the stream through the outbox.
+      started = StartHiddenNcclReceiver(
+          setup.nccl_unique_id(), nccl,
+          [shared = shared_, metrics = options_.metrics, peer = peer_,
+           required](absl::Status status) {
+            if (status.ok()) {
+              std::fprintf(stderr,
+                           "tandem-drafter: draft stream from %s: hidden states now arrive by "
+                           "NCCL\n",
+                           peer.c_str());
+              if (metrics != nullptr) metrics->AddHiddenTransportStream("nccl");
+            } else {
+              std::fprintf(stderr,
+                           "tandem-drafter: draft stream from %s: NCCL failed (%s); hidden "
+                           "states arrive as in-stream bytes\n",
+                           peer.c_str(), std::string(status.message()).c_str());
+              if (metrics != nullptr)
+                metrics->AddHiddenTransportStream(required ? "failed" : "bytes");
+            }
+            ChainOutbox::Action action = shared->outbox.Push(TransportStatusChain(status));
+            if (action.write || action.finish) shared->stream->Apply(std::move(action));
+          });
+    }
+    if (!started.ok()) {
+      Log(absl::StrCat("cannot receive hidden states by NCCL (", started.status().message(),
+                       "); in-stream bytes"));
+      Count(required ? "failed" : "bytes");
+      Apply(shared_->outbox.Push(
+          TransportStatusChain(absl::UnavailableError(std::string(started.status().message())))));
+      return;
+    }
+    Log(absl::StrCat("joining the verifier's NCCL communicator (", setup.reason(), ")"));
+    absl::MutexLock lock(&receiver_mu_);
+    // Bytes deliveries are inline: nothing of the old receiver is pending.
+    if (receiver_ != nullptr) receiver_ = *std::move(started);
+  }
+
   DraftEngine* engine_;
+  const DrafterServiceOptions& options_;  // the service's, which outlives its streams
+  const std::string peer_;
   std::shared_ptr<Shared> shared_;
   uint64_t stream_id_ = 0;
+  bool transport_known_ = false;  // logged and counted (read side only)
+  absl::Mutex receiver_mu_;
+  // Null once the stream ended (no message reaches the engine after that).
+  std::unique_ptr<HiddenReceiver> receiver_ ABSL_GUARDED_BY(receiver_mu_) =
+      std::make_unique<BytesHiddenReceiver>();
   v1::DraftClientMessage in_;
   v1::DraftChain out_;  // the write in flight
 };
@@ -157,8 +278,8 @@ DrafterService::DrafterService(DraftEngine* engine, DrafterServiceOptions option
     : engine_(engine), options_(std::move(options)) {}
 
 grpc::ServerBidiReactor<v1::DraftClientMessage, v1::DraftChain>* DrafterService::Draft(
-    grpc::CallbackServerContext* /*context*/) {
-  return new DraftStream(engine_, options_.max_queued_chains);
+    grpc::CallbackServerContext* context) {
+  return new DraftStream(engine_, options_, context->peer());
 }
 
 grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* context,
@@ -173,6 +294,7 @@ grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* c
   info->set_version(VersionString());
   info->set_worker_id(options_.worker_id);
   for (int32_t layer : engine_->options().hidden_layers) info->add_hidden_layers(layer);
+  *info->mutable_hidden_transport() = ToInfo(options_.hidden_transport);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

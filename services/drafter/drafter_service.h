@@ -4,6 +4,10 @@
 // engine as that stream's sessions; the engine's chains go to a ChainOutbox and are written one
 // at a time. When the stream ends (the verifier closed or cancelled it, or it broke) its
 // sessions are closed. Protocol errors end only the session concerned, with an error chain.
+// Hidden states arrive as in-stream bytes, or by NCCL once the verifier set that up on the
+// stream (HiddenTransportSetup; services/common/hidden_transport.h): every message then passes
+// through the stream's HiddenReceiver, which keeps the messages in order while a payload is on
+// its way, and a payload that fails ends its session with an error chain.
 //
 // Thread-safety: the service is called by gRPC threads; the engine must outlive the server
 // (shut the server down first).
@@ -13,16 +17,25 @@
 #include <string>
 
 #include "grpcpp/grpcpp.h"
+#include "services/common/hidden_transport.h"
 #include "tandem/v1/drafter.grpc.pb.h"
 #include "worker/engine/draft_engine.h"
 
 namespace tandem {
+
+class ServiceMetrics;
 
 struct DrafterServiceOptions {
   std::string model_id;   // the checkpoint's directory name
   std::string worker_id;  // unique per process
   // Chains waiting for one stream's reader before the stream is ended (see ChainOutbox).
   size_t max_queued_chains = 4096;
+  // How hidden states may arrive (advertised in GetInfo; from LocalHiddenTransport of
+  // --hidden-transport). The default takes bytes only.
+  HiddenTransportEnd hidden_transport{.mode = HiddenTransportMode::kBytes,
+                                      .why_not = "this drafter is not set up for NCCL"};
+  NcclHiddenOptions nccl;             // `device` is taken from `hidden_transport`
+  ServiceMetrics* metrics = nullptr;  // may be null
 };
 
 class DrafterService final : public tandem::v1::Drafter::CallbackService {

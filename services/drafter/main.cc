@@ -12,6 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "kernels/cpu/gemm.h"
 #include "services/common/engine_metrics.h"
+#include "services/common/hidden_transport.h"
 #include "services/common/metrics.h"
 #include "services/common/registry_publisher.h"
 #include "services/common/server.h"
@@ -31,8 +32,9 @@ std::string ModelId(const std::string& dir) {
 
 int Run(const std::string& model_dir, const std::string& target_dir,
         tandem::DraftEngineOptions engine_options, int threads, const std::string& device_name,
-        bool cuda_graphs, const tandem::ServerFlags& server_flags,
-        const tandem::MetricsFlags& metrics_flags, const tandem::RegistryFlags& registry_flags) {
+        bool cuda_graphs, tandem::HiddenTransportMode hidden_transport_mode,
+        const tandem::ServerFlags& server_flags, const tandem::MetricsFlags& metrics_flags,
+        const tandem::RegistryFlags& registry_flags) {
   if (threads > 0) omp_set_num_threads(threads);
   tandem::kernels::cpu::SetBlasThreads(threads);
   // A DFlash drafter runs on the target's embeddings and head: `model` is then the target.
@@ -47,6 +49,12 @@ int Run(const std::string& model_dir, const std::string& target_dir,
   if (!device.ok()) {
     std::fprintf(stderr, "tandem-drafter: --device: %s\n",
                  std::string(device.status().message()).c_str());
+    return 1;
+  }
+  const tandem::HiddenTransportEnd hidden_transport =
+      tandem::LocalHiddenTransport(hidden_transport_mode);
+  if (absl::Status usable = tandem::CheckHiddenTransportFlag(hidden_transport); !usable.ok()) {
+    std::fprintf(stderr, "tandem-drafter: %s\n", std::string(usable.message()).c_str());
     return 1;
   }
   const std::string& weights_dir = dflash ? target_dir : model_dir;
@@ -110,8 +118,10 @@ int Run(const std::string& model_dir, const std::string& target_dir,
     tandem::AnnounceMetrics("tandem-drafter", *address);
   }
   const std::string worker_id = tandem::MakeWorkerId("drafter");
-  tandem::DrafterService service(engine->get(),
-                                 {.model_id = ModelId(model_dir), .worker_id = worker_id});
+  tandem::DrafterService service(engine->get(), {.model_id = ModelId(model_dir),
+                                                 .worker_id = worker_id,
+                                                 .hidden_transport = hidden_transport,
+                                                 .metrics = &metrics});
   absl::StatusOr<tandem::RunningServer> server = tandem::StartServer(server_flags, {&service});
   if (!server.ok()) {
     std::fprintf(stderr, "tandem-drafter: %s\n", server.status().ToString().c_str());
@@ -208,12 +218,14 @@ int main(int argc, char** argv) {
                  "With --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
       ->envname("TANDEM_DRAFTER_CUDA_GRAPHS")
       ->capture_default_str();
+  tandem::HiddenTransportMode hidden_transport = tandem::HiddenTransportMode::kAuto;
+  tandem::AddHiddenTransportFlag(app, &hidden_transport, "TANDEM_DRAFTER");
   tandem::AddServerFlags(app, &server_flags, "TANDEM_DRAFTER");
   tandem::MetricsFlags metrics_flags;
   tandem::AddMetricsFlags(app, &metrics_flags, "TANDEM_DRAFTER");
   tandem::RegistryFlags registry_flags;
   tandem::AddRegistryFlags(app, &registry_flags, "TANDEM_DRAFTER");
   CLI11_PARSE(app, argc, argv);
-  return Run(model_dir, target_dir, engine_options, threads, device, cuda_graphs, server_flags,
-             metrics_flags, registry_flags);
+  return Run(model_dir, target_dir, engine_options, threads, device, cuda_graphs, hidden_transport,
+             server_flags, metrics_flags, registry_flags);
 }

@@ -1,8 +1,9 @@
 #include "services/verifier/grpc_draft_channel.h"
 
+#include <algorithm>
 #include <atomic>
-#include <bit>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <optional>
 #include <unordered_set>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "services/common/metrics.h"
 #include "tandem/v1/drafter.grpc.pb.h"
 
 namespace tandem {
@@ -35,7 +37,18 @@ struct GrpcDraftChannel::Core {
   std::deque<v1::DraftClientMessage> queue ABSL_GUARDED_BY(mu);  // behind the write in flight
   bool write_in_flight ABSL_GUARDED_BY(mu) = false;
   bool broken ABSL_GUARDED_BY(mu) = false;
+  std::string broken_reason ABSL_GUARDED_BY(mu);
   std::unordered_set<uint64_t> open ABSL_GUARDED_BY(mu);  // sessions whose chains we deliver
+
+  // Hidden states: encoded under `mu`, so that NCCL payloads go in the order of the writes.
+  DraftHiddenTransportOptions hidden_options;
+  std::unique_ptr<HiddenSender> hidden_sender ABSL_GUARDED_BY(mu) =
+      std::make_unique<BytesHiddenSender>();
+  NcclPeerLink* nccl_link ABSL_GUARDED_BY(mu) = nullptr;  // part of `hidden_sender`
+  // kPending: setup sent, bytes until the drafter says ready; kFailed: bytes for good.
+  enum class Nccl { kOff, kPending, kReady, kFailed };
+  Nccl nccl ABSL_GUARDED_BY(mu) = Nccl::kOff;
+  bool nccl_required ABSL_GUARDED_BY(mu) = false;
 
   // Serialises deliveries to `on_chain`, so a session's error chain is its last one.
   absl::Mutex delivery_mu;
@@ -51,13 +64,36 @@ struct GrpcDraftChannel::Core {
   // Queues `message` (after `update` ran under the lock); returns the message to write now when
   // no write was in flight.
   absl::StatusOr<std::optional<v1::DraftClientMessage>> Enqueue(
-      v1::DraftClientMessage message, const std::function<void()>& update);
+      v1::DraftClientMessage message, const std::function<void(v1::DraftClientMessage&)>& update);
+  // Queues `message` and writes it when nothing is in flight; an error when the stream broke.
+  absl::Status Send(v1::DraftClientMessage message,
+                    const std::function<void(v1::DraftClientMessage&)>& update);
   // The write in flight completed; the next message to write, if any.
   std::optional<v1::DraftClientMessage> NextWrite();
   // Ends the channel for good and reports an error to every open session (unless `quiet`).
   void Break(const std::string& reason, bool quiet = false);
   // Delivers a chain read from the stream if its session is still open here.
   void Deliver(DraftChain chain);
+
+  // The drafter's GetInfo said it wants hidden states: chooses their transport and, for NCCL,
+  // sends the setup and starts joining the communicator.
+  void SetUpHiddenTransport(const HiddenTransportEnd& drafter);
+  // The drafter's answer to the setup.
+  void OnPeerTransportStatus(const v1::HiddenTransportStatus& status);
+  // This side's NCCL endpoint is ready (OK) or failed.
+  void OnLocalTransportStatus(const absl::Status& status);
+  // NCCL will not (or no longer) carry this stream's hidden states: bytes from now on, or the
+  // channel breaks when NCCL was required.
+  void NcclFailed(const std::string& reason);
+  void Log(const std::string& line) const {
+    std::fprintf(stderr, "%s: draft stream to %s: %s\n", hidden_options.log_name.c_str(),
+                 address.c_str(), line.c_str());
+  }
+  void Count(const char* transport) const {
+    if (hidden_options.metrics != nullptr) {
+      hidden_options.metrics->AddHiddenTransportStream(transport);
+    }
+  }
 };
 
 class GrpcDraftChannel::Stream final
@@ -85,6 +121,11 @@ class GrpcDraftChannel::Stream final
   void OnReadDone(bool ok) override {
     if (!ok) {
       core_->Break("the stream ended");
+      return;
+    }
+    if (in_.has_hidden_transport()) {
+      core_->OnPeerTransportStatus(in_.hidden_transport());
+      StartRead(&in_);
       return;
     }
     DraftChain chain{.session = in_.session(),
@@ -124,30 +165,18 @@ namespace {
 
 constexpr auto kInfoDeadline = std::chrono::seconds(10);
 
-static_assert(std::endian::native == std::endian::little,
-              "hidden states travel as little-endian bf16 and are copied as they are");
-
-void ToWire(const HiddenRows& rows, v1::HiddenStates* wire) {
-  wire->set_num_layers(rows.layers);
-  wire->set_num_tokens(rows.tokens);
-  wire->set_hidden_size(rows.hidden_size);
-  wire->set_offset(rows.offset);
-  wire->set_bf16(reinterpret_cast<const char*>(rows.bf16.data()),
-                 rows.bf16.size() * sizeof(uint16_t));
-}
-
 }  // namespace
 
 absl::StatusOr<std::optional<v1::DraftClientMessage>> GrpcDraftChannel::Core::Enqueue(
-    v1::DraftClientMessage message, const std::function<void()>& update) {
+    v1::DraftClientMessage message, const std::function<void(v1::DraftClientMessage&)>& update) {
   bool overflow = false;
   {
     absl::MutexLock lock(&mu);
     if (broken) {
-      return absl::UnavailableError(
-          absl::StrCat("the draft stream to ", address, " is broken; open a new channel"));
+      return absl::UnavailableError(absl::StrCat("the draft stream to ", address, " is broken (",
+                                                 broken_reason, "); open a new channel"));
     }
-    if (update) update();
+    if (update) update(message);
     if (!write_in_flight) {
       write_in_flight = true;
       return std::optional<v1::DraftClientMessage>(std::move(message));
@@ -164,6 +193,14 @@ absl::StatusOr<std::optional<v1::DraftClientMessage>> GrpcDraftChannel::Core::En
   return absl::UnavailableError(absl::StrCat("the drafter at ", address,
                                              " stopped reading its draft stream; the channel "
                                              "is closed"));
+}
+
+absl::Status GrpcDraftChannel::Core::Send(
+    v1::DraftClientMessage message, const std::function<void(v1::DraftClientMessage&)>& update) {
+  auto write = Enqueue(std::move(message), update);
+  if (!write.ok()) return write.status();
+  if (*write) stream->Write(std::move(**write));
+  return absl::OkStatus();
 }
 
 std::optional<v1::DraftClientMessage> GrpcDraftChannel::Core::NextWrite() {
@@ -183,6 +220,7 @@ void GrpcDraftChannel::Core::Break(const std::string& reason, bool quiet) {
     absl::MutexLock lock(&mu);
     if (broken) return;
     broken = true;
+    broken_reason = reason;
     healthy = false;
     queue.clear();
     sessions.swap(open);
@@ -214,8 +252,10 @@ void GrpcDraftChannel::Core::Deliver(DraftChain chain) {
 std::unique_ptr<GrpcDraftChannel> GrpcDraftChannel::Create(std::shared_ptr<grpc::Channel> channel,
                                                            std::string address,
                                                            ChainCallback on_chain,
-                                                           size_t max_queued) {
+                                                           size_t max_queued,
+                                                           DraftHiddenTransportOptions hidden) {
   auto core = std::make_shared<Core>();
+  core->hidden_options = std::move(hidden);
   core->address = std::move(address);
   core->on_chain = std::move(on_chain);
   core->max_queued = max_queued;
@@ -228,6 +268,11 @@ std::unique_ptr<GrpcDraftChannel> GrpcDraftChannel::Create(std::shared_ptr<grpc:
   raw->stub->async()->GetInfo(&raw->info_context, &raw->info_request, &raw->info,
                               [raw](grpc::Status status) {
                                 if (status.ok()) {
+                                  // Before the layers are published, so that the setup is
+                                  // on the stream ahead of any hidden states.
+                                  if (raw->info.hidden_layers_size() > 0) {
+                                    raw->SetUpHiddenTransport(FromInfo(raw->info));
+                                  }
                                   absl::MutexLock lock(&raw->info_mu);
                                   raw->hidden_layers.assign(raw->info.hidden_layers().begin(),
                                                             raw->info.hidden_layers().end());
@@ -245,6 +290,14 @@ GrpcDraftChannel::~GrpcDraftChannel() {
   core_->stream->ReleaseHold();
   core_->done.WaitForNotification();
   core_->info_done.WaitForNotification();
+  // Stops the NCCL endpoint's thread (its callbacks use the core) and ends its communicator.
+  std::unique_ptr<HiddenSender> sender;
+  {
+    absl::MutexLock lock(&core_->mu);
+    sender = std::move(core_->hidden_sender);
+    core_->nccl_link = nullptr;
+  }
+  sender.reset();
 }
 
 absl::Status GrpcDraftChannel::Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
@@ -254,14 +307,15 @@ absl::Status GrpcDraftChannel::Open(uint64_t session, std::span<const int32_t> t
   message.mutable_open()->mutable_tokens()->Add(tokens.begin(), tokens.end());
   message.mutable_open()->set_gamma(gamma);
   message.mutable_open()->set_block_size(block_size);
-  if (!hidden.empty()) ToWire(hidden, message.mutable_open()->mutable_hidden());
   Core* core = core_.get();
-  auto write = core->Enqueue(std::move(message), [core, session]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    core->open.insert(session);
-  });
-  if (!write.ok()) return write.status();
-  if (*write) core->stream->Write(std::move(**write));
-  return absl::OkStatus();
+  return core->Send(std::move(message),
+                    [core, session, &hidden](v1::DraftClientMessage& m)
+                        ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                          core->open.insert(session);
+                          if (!hidden.empty()) {
+                            core->hidden_sender->Encode(hidden, m.mutable_open()->mutable_hidden());
+                          }
+                        });
 }
 
 absl::Status GrpcDraftChannel::Advance(uint64_t session, int offset,
@@ -272,11 +326,12 @@ absl::Status GrpcDraftChannel::Advance(uint64_t session, int offset,
   message.mutable_advance()->set_offset(offset);
   message.mutable_advance()->mutable_append()->Add(append.begin(), append.end());
   message.mutable_advance()->set_gamma(gamma);
-  if (!hidden.empty()) ToWire(hidden, message.mutable_advance()->mutable_hidden());
-  auto write = core_->Enqueue(std::move(message), nullptr);
-  if (!write.ok()) return write.status();
-  if (*write) core_->stream->Write(std::move(**write));
-  return absl::OkStatus();
+  if (hidden.empty()) return core_->Send(std::move(message), nullptr);
+  Core* core = core_.get();
+  return core->Send(std::move(message),
+                    [core, &hidden](v1::DraftClientMessage& m) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                      core->hidden_sender->Encode(hidden, m.mutable_advance()->mutable_hidden());
+                    });
 }
 
 void GrpcDraftChannel::Close(uint64_t session) {
@@ -284,10 +339,9 @@ void GrpcDraftChannel::Close(uint64_t session) {
   message.set_session(session);
   message.mutable_close();
   Core* core = core_.get();
-  auto write = core->Enqueue(std::move(message), [core, session]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    core->open.erase(session);
-  });
-  if (write.ok() && *write) core->stream->Write(std::move(**write));
+  core->Send(std::move(message), [core, session](v1::DraftClientMessage&)
+                                     ABSL_NO_THREAD_SAFETY_ANALYSIS { core->open.erase(session); })
+      .IgnoreError();
 }
 
 bool GrpcDraftChannel::healthy() const { return core_->healthy; }
@@ -301,14 +355,117 @@ bool GrpcDraftChannel::WaitForInfo(absl::Duration timeout) const {
   return core_->info_done.WaitForNotificationWithTimeout(timeout);
 }
 
-DraftChannelFactory MakeGrpcDraftChannelFactory(ClientTlsFlags tls) {
-  return [tls = std::move(tls)](const std::string& address, DraftChannel::ChainCallback on_chain)
-             -> absl::StatusOr<std::unique_ptr<DraftChannel>> {
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(address, tls);
-    if (!channel.ok()) return channel.status();
-    return std::unique_ptr<DraftChannel>(
-        GrpcDraftChannel::Create(std::move(*channel), address, std::move(on_chain)));
-  };
+HiddenTransportKind GrpcDraftChannel::hidden_transport() const {
+  absl::MutexLock lock(&core_->mu);
+  return core_->hidden_sender != nullptr ? core_->hidden_sender->kind()
+                                         : HiddenTransportKind::kBytes;
+}
+
+void GrpcDraftChannel::Core::SetUpHiddenTransport(const HiddenTransportEnd& drafter) {
+  const HiddenTransportChoice choice = ChooseHiddenTransport(hidden_options.local, drafter);
+  v1::DraftClientMessage setup;
+  setup.mutable_hidden_transport()->set_reason(choice.reason);
+  if (choice.failed) {
+    Log(absl::StrCat("hidden states cannot travel: ", choice.reason));
+    Count("failed");
+    Break(absl::StrCat("hidden-state transport: ", choice.reason));
+    return;
+  }
+  if (choice.kind == HiddenTransportKind::kBytes) {
+    // Bytes need no setup message: the stream stays as an older verifier's.
+    Log(absl::StrCat("hidden states go as in-stream bytes: ", choice.reason));
+    Count("bytes");
+    return;
+  }
+  const bool required = hidden_options.local.mode == HiddenTransportMode::kNccl ||
+                        drafter.mode == HiddenTransportMode::kNccl;
+  {
+    // Pending before the endpoint starts: its failure may be reported at once.
+    absl::MutexLock lock(&mu);
+    nccl_required = required;
+    nccl = Nccl::kPending;
+  }
+  absl::StatusOr<std::string> id = NewHiddenNcclUniqueId();
+  if (!id.ok()) {
+    NcclFailed(absl::StrCat("cannot make an ncclUniqueId: ", id.status().message()));
+    return;
+  }
+  NcclHiddenOptions options = hidden_options.nccl;
+  options.device = std::max(hidden_options.local.device, 0);
+  absl::StatusOr<HiddenNcclSender> started = StartHiddenNcclSender(
+      *id, options, [this](absl::Status status) { OnLocalTransportStatus(status); });
+  if (!started.ok()) {
+    NcclFailed(absl::StrCat("cannot start NCCL: ", started.status().message()));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    hidden_sender = std::move(started->sender);
+    if (nccl == Nccl::kFailed) return;  // the endpoint failed already (and said so)
+    nccl_link = started->link;
+  }
+  Log(absl::StrCat("hidden states will go by NCCL once both sides joined (", choice.reason,
+                   "); in-stream bytes until then"));
+  setup.mutable_hidden_transport()->set_transport(v1::HIDDEN_TRANSPORT_NCCL);
+  setup.mutable_hidden_transport()->set_nccl_unique_id(*id);
+  Send(std::move(setup), nullptr).IgnoreError();
+}
+
+void GrpcDraftChannel::Core::OnPeerTransportStatus(const v1::HiddenTransportStatus& status) {
+  if (!status.ready()) {
+    NcclFailed(absl::StrCat("the drafter: ", status.error()));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    if (nccl != Nccl::kPending || status.transport() != v1::HIDDEN_TRANSPORT_NCCL) return;
+    nccl = Nccl::kReady;
+    nccl_link->PeerStatus(status);
+  }
+  Log("hidden states now go by NCCL");
+  Count("nccl");
+}
+
+void GrpcDraftChannel::Core::OnLocalTransportStatus(const absl::Status& status) {
+  if (!status.ok()) NcclFailed(std::string(status.message()));
+}
+
+void GrpcDraftChannel::Core::NcclFailed(const std::string& reason) {
+  bool required = false;
+  {
+    absl::MutexLock lock(&mu);
+    if (nccl == Nccl::kFailed || nccl == Nccl::kOff) return;
+    nccl = Nccl::kFailed;
+    required = nccl_required;
+    if (nccl_link != nullptr) {
+      // The sender stops using NCCL for good: later hidden states go as bytes.
+      v1::HiddenTransportStatus failed;
+      failed.set_transport(v1::HIDDEN_TRANSPORT_NCCL);
+      failed.set_error(reason);
+      nccl_link->PeerStatus(failed);
+    }
+  }
+  if (required) {
+    Log(absl::StrCat("NCCL failed and --hidden-transport nccl forbids bytes: ", reason));
+    Count("failed");
+    Break(absl::StrCat("NCCL hidden-state transport failed: ", reason));
+    return;
+  }
+  Log(absl::StrCat("NCCL failed (", reason, "); hidden states go as in-stream bytes"));
+  Count("bytes");
+}
+
+DraftChannelFactory MakeGrpcDraftChannelFactory(ClientTlsFlags tls,
+                                                DraftHiddenTransportOptions hidden) {
+  return
+      [tls = std::move(tls), hidden = std::move(hidden)](
+          const std::string& address,
+          DraftChannel::ChainCallback on_chain) -> absl::StatusOr<std::unique_ptr<DraftChannel>> {
+        absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(address, tls);
+        if (!channel.ok()) return channel.status();
+        return std::unique_ptr<DraftChannel>(GrpcDraftChannel::Create(
+            std::move(*channel), address, std::move(on_chain), /*max_queued=*/4096, hidden));
+      };
 }
 
 }  // namespace tandem

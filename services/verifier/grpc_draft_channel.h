@@ -10,6 +10,13 @@
 // layers' hidden states it wants; hidden_layers() is empty until the answer arrives (sessions
 // opened before then send none) and stays empty if it never does.
 //
+// Hidden states travel as in-stream bytes unless the answer says the drafter can receive them
+// by NCCL and ChooseHiddenTransport (services/common/hidden_transport.h) picks NCCL: the channel
+// then sends a HiddenTransportSetup on the stream, joins the communicator in the background and
+// switches to NCCL once the drafter says ready; a failure falls back to bytes, or, when NCCL
+// was required (either side's --hidden-transport nccl), breaks the channel with the reason.
+// The choice is logged once per stream and counted in tandem_hidden_transport_streams_total.
+//
 // Thread-safety: Open, Advance, Close and healthy() may be called from any thread, but not
 // concurrently with the destructor. The destructor cancels the stream and waits for it to end
 // (so it must not run inside the callback); the callback is not called after it returns.
@@ -22,10 +29,23 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "services/common/hidden_transport.h"
 #include "services/common/server.h"
 #include "worker/engine/draft_channel.h"
 
 namespace tandem {
+
+class ServiceMetrics;
+
+// The verifier's side of the hidden-state transport choice.
+struct DraftHiddenTransportOptions {
+  // From LocalHiddenTransport(--hidden-transport); the default never uses NCCL.
+  HiddenTransportEnd local{.mode = HiddenTransportMode::kBytes,
+                           .why_not = "this verifier is not set up for NCCL"};
+  NcclHiddenOptions nccl;             // `device` is taken from `local`
+  ServiceMetrics* metrics = nullptr;  // may be null
+  std::string log_name = "tandem-verifier";
+};
 
 class GrpcDraftChannel final : public DraftChannel {
  public:
@@ -33,7 +53,8 @@ class GrpcDraftChannel final : public DraftChannel {
   // be reached shows up as error chains and healthy() == false).
   static std::unique_ptr<GrpcDraftChannel> Create(std::shared_ptr<grpc::Channel> channel,
                                                   std::string address, ChainCallback on_chain,
-                                                  size_t max_queued = 4096);
+                                                  size_t max_queued = 4096,
+                                                  DraftHiddenTransportOptions hidden = {});
   ~GrpcDraftChannel() override;
 
   using DraftChannel::Advance;
@@ -47,6 +68,8 @@ class GrpcDraftChannel final : public DraftChannel {
   std::vector<int32_t> hidden_layers() const override;
   // Waits up to `timeout` for the drafter's GetInfo answer (or its failure); true once it came.
   bool WaitForInfo(absl::Duration timeout) const;
+  // The transport the next hidden states go by.
+  HiddenTransportKind hidden_transport() const;
 
  private:
   class Stream;
@@ -58,6 +81,7 @@ class GrpcDraftChannel final : public DraftChannel {
 };
 
 // Channels to drafters with the given client TLS settings (insecure when `tls.ca` is empty).
-DraftChannelFactory MakeGrpcDraftChannelFactory(ClientTlsFlags tls);
+DraftChannelFactory MakeGrpcDraftChannelFactory(ClientTlsFlags tls,
+                                                DraftHiddenTransportOptions hidden = {});
 
 }  // namespace tandem

@@ -14,6 +14,7 @@
 #include "common/version.h"
 #include "kernels/cpu/gemm.h"
 #include "services/common/engine_metrics.h"
+#include "services/common/hidden_transport.h"
 #include "services/common/metrics.h"
 #include "services/common/registry_publisher.h"
 #include "services/common/server.h"
@@ -40,6 +41,7 @@ struct Flags {
   int draft_timeout_ms = 50;
   int spec_gamma = 4;
   bool adaptive_gamma = true;
+  tandem::HiddenTransportMode hidden_transport = tandem::HiddenTransportMode::kAuto;
   double calibration_seconds = 2;
   int threads = 0;
   int drain_seconds = 30;
@@ -59,6 +61,12 @@ int Run(const Flags& flags) {
       tandem::ResolveDevice(flags.device, flags.cuda_graphs);
   if (!device.ok()) {
     std::cerr << "tandem-verifier: --device: " << device.status().message() << "\n";
+    return 1;
+  }
+  const tandem::HiddenTransportEnd hidden_transport =
+      tandem::LocalHiddenTransport(flags.hidden_transport);
+  if (absl::Status usable = tandem::CheckHiddenTransportFlag(hidden_transport); !usable.ok()) {
+    std::cerr << "tandem-verifier: " << usable.message() << "\n";
     return 1;
   }
   absl::StatusOr<tandem::LoadedModel> model = tandem::LoadModelDir(flags.model, *device);
@@ -88,7 +96,9 @@ int Run(const Flags& flags) {
   options.draft_timeout = absl::Milliseconds(flags.draft_timeout_ms);
   options.adaptive_gamma = flags.adaptive_gamma;
   absl::StatusOr<std::unique_ptr<tandem::Engine>> engine = tandem::Engine::Create(
-      &*model, options, tandem::MakeGrpcDraftChannelFactory(flags.client_tls));
+      &*model, options,
+      tandem::MakeGrpcDraftChannelFactory(flags.client_tls,
+                                          {.local = hidden_transport, .metrics = &metrics}));
   if (!engine.ok()) {
     std::cerr << "tandem-verifier: " << engine.status().message() << "\n";
     return 1;
@@ -254,6 +264,7 @@ int main(int argc, char** argv) {
                  "(a request that names spec_gamma always gets it)")
       ->envname("TANDEM_VERIFIER_ADAPTIVE_GAMMA")
       ->capture_default_str();
+  tandem::AddHiddenTransportFlag(app, &flags.hidden_transport, "TANDEM_VERIFIER");
   app.add_option("--calibration-seconds", flags.calibration_seconds,
                  "time bound of the start-up calibration of the cost model; 0 = none")
       ->envname("TANDEM_VERIFIER_CALIBRATION_SECONDS")

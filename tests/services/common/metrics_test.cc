@@ -120,6 +120,28 @@ TEST(ServiceMetricsTest, CountersIncreaseAndFailuresCarryTheirCode) {
             0);
 }
 
+TEST(ServiceMetricsTest, HiddenTransportStreamsStartAtZeroOnVerifierAndDrafter) {
+  ServiceMetrics drafter(MetricsRole::kDrafter);
+  drafter.AddHiddenTransportStream("nccl");
+  std::string text = drafter.TextFormat();
+  EXPECT_THAT(text, HasSubstr(Type("tandem_hidden_transport_streams_total", "counter")));
+  EXPECT_EQ(
+      Sample(text, R"(tandem_hidden_transport_streams_total{service="drafter",transport="nccl"})"),
+      1);
+  EXPECT_EQ(
+      Sample(text, R"(tandem_hidden_transport_streams_total{service="drafter",transport="bytes"})"),
+      0);
+  ServiceMetrics verifier(MetricsRole::kVerifier);
+  text = verifier.TextFormat();
+  EXPECT_EQ(
+      Sample(text,
+             R"(tandem_hidden_transport_streams_total{service="verifier",transport="failed"})"),
+      0);
+  ServiceMetrics router(MetricsRole::kRouter);
+  router.AddHiddenTransportStream("bytes");  // not a router family: ignored
+  EXPECT_THAT(router.TextFormat(), Not(HasSubstr("tandem_hidden_transport_streams_total")));
+}
+
 TEST(ServiceMetricsTest, DraftPositionsAreCapped) {
   ServiceMetrics metrics(MetricsRole::kVerifier);
   metrics.ObserveDraftVerified("spec", 20, 20);
