@@ -558,9 +558,9 @@ int RunBenchServe(const BenchServeArgs& args) {
       {"criterion",
        "ratio = auto's median tokens/s over its windows / the best fixed mode's (the fixed "
        "mode with the highest median; auto and each fixed mode that led after the rounds or "
-       "after another's pair rounds also ran pair rounds together); pass = ratio >= "
-       "threshold. paired_ratios: per round, auto / that mode in the same round, for spread "
-       "only"},
+       "after another's pair rounds also ran pair rounds together). paired_ratios: per round, "
+       "auto / that mode in the same round. pass = paired_ratio_median >= threshold (ratio "
+       "when no round paired them)"},
       {"cpus", std::thread::hardware_concurrency()},
       {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
   };
@@ -580,22 +580,24 @@ int RunBenchServe(const BenchServeArgs& args) {
 
   if (!args.json && !ratios.empty()) {
     std::printf(
-        "\n| C | auto tokens/s (median) | best fixed mode | its tokens/s (median) | auto / best | "
-        ">= %.2f | paired auto / best per round (median) |\n",
+        "\n| C | auto tokens/s (median) | best fixed mode | its tokens/s (median) | auto / best "
+        "(medians) | paired auto / best per round (median) | paired median >= %.2f |\n",
         args.threshold);
     std::printf("|---|---|---|---|---|---|---|\n");
     for (const AutoVsBest& r : ratios) {
       std::vector<std::string> paired;
       for (double p : r.paired_ratios) paired.push_back(absl::StrFormat("%.2f", p));
-      std::printf("| %d | %.1f | %s | %.1f | %.3f | %s | %s (%.3f) |\n", r.concurrency, r.auto_tps,
-                  r.best_mode.c_str(), r.best_tps, r.ratio, r.pass ? "PASS" : "FAIL",
-                  absl::StrJoin(paired, ", ").c_str(), r.paired_median);
+      std::printf("| %d | %.1f | %s | %.1f | %.3f | %s (%.3f) | %s |\n", r.concurrency, r.auto_tps,
+                  r.best_mode.c_str(), r.best_tps, r.ratio, absl::StrJoin(paired, ", ").c_str(),
+                  r.paired_median, r.pass ? "PASS" : "FAIL");
     }
     std::printf(
-        "\nPASS / FAIL: auto / best = auto's median tokens/s over its windows (%d round%s, then "
-        "%d pair round%s with each fixed mode that led) / the median of the fixed mode with the "
-        "highest median. The paired column (auto over that mode in the same "
-        "round) shows the spread and does not decide.\n",
+        "\nbest = the fixed mode with the highest median tokens/s over its windows (%d round%s, "
+        "then %d pair round%s of auto with each fixed mode that led). PASS / FAIL: the median "
+        "of the paired ratios (auto over the best in the same round, two windows back to back, "
+        "so that a change in the machine's speed between rounds cancels out); auto / best "
+        "(medians) sets windows from different moments against each other and is shown for "
+        "comparison.\n",
         args.rounds, args.rounds == 1 ? "" : "s", args.pair_rounds,
         args.pair_rounds == 1 ? "" : "s");
   }

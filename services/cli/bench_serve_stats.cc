@@ -130,7 +130,6 @@ std::optional<AutoVsBest> CompareAutoWithBest(const std::vector<const ServeCell*
                .best_mode = best->mode,
                .best_tps = best_tps};
   r.ratio = r.auto_tps / r.best_tps;
-  r.pass = r.ratio >= threshold;
   for (const ServeWindow& a : automatic->rounds) {
     for (const ServeWindow& b : best->rounds) {
       if (b.round != a.round) continue;
@@ -140,6 +139,7 @@ std::optional<AutoVsBest> CompareAutoWithBest(const std::vector<const ServeCell*
     }
   }
   r.paired_median = Median(r.paired_ratios);
+  r.pass = (r.paired_ratios.empty() ? r.ratio : r.paired_median) >= threshold;
   return r;
 }
 

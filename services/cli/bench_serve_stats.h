@@ -85,17 +85,21 @@ struct ServeCell {
 // auto against the best fixed mode at one concurrency.
 struct AutoVsBest {
   int concurrency = 0;
-  // The criterion: medians over the rounds. best = the fixed mode with the highest median.
+  // best = the fixed mode with the highest median tokens/s over its windows.
   double auto_tps = 0;
   std::string best_mode;
   double best_tps = 0;
-  double ratio = 0;   // auto_tps / best_tps
-  bool pass = false;  // ratio >= threshold
+  double ratio = 0;  // auto_tps / best_tps: medians taken over windows at different times
   // Paired per round: auto's tokens/s in round k over the best mode's in the same round k
   // (ServeWindow::round; rounds where that mode measured 0 or either has no window are left
   // out); and their median.
   std::vector<double> paired_ratios;
   double paired_median = 0;
+  // The criterion: paired_median >= threshold (ratio when no round paired them). Each paired
+  // ratio compares two windows run back to back, so a machine that speeds up or slows down
+  // between rounds moves both; the ratio of medians mixes windows from different moments and
+  // differs by up to 10 % between identical configurations on a small shared host.
+  bool pass = false;
 };
 
 // From the cells of one concurrency (any order); empty without an `auto` cell or a fixed mode
