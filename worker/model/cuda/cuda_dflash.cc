@@ -10,10 +10,10 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/gemm.cuh"
-#include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/swiglu.cuh"
 #include "worker/model/cuda/cuda_transformer.h"
+#include "worker/model/cuda/layer_ops.h"
 #include "worker/model/dflash.h"
 #include "worker/model/transformer.h"
 
@@ -21,17 +21,12 @@ namespace tandem {
 
 namespace kcu = kernels::cuda;
 using cuda_backend::DeviceArray;
+using cuda_backend::UploadBf16;
 
 namespace {
 
 // Rows a new context's storage starts with beyond the block's scratch.
 constexpr int kInitialContextRows = 256;
-
-absl::Status UploadBf16(DeviceArray<__nv_bfloat16>& out, const std::vector<float>& host) {
-  std::vector<__nv_bfloat16> converted(host.size());
-  for (size_t i = 0; i < host.size(); ++i) converted[i] = __float2bfloat16(host[i]);
-  return out.Upload(converted.data(), converted.size());
-}
 
 uint64_t NextBackendId() {
   static std::atomic<uint64_t> next{1};
@@ -173,34 +168,14 @@ absl::Status CudaDFlash::ReserveAppend(int n) {
 
 absl::Status CudaDFlash::Gemm(const Bf16* x, int ldx, const Bf16* w, void* y, int ldy,
                               bool fp32_out, int m, int n, int k) {
-  kcu::GemmParams p;
-  p.handle = cublas_;
-  p.x = x;
-  p.w = w;
-  p.y = y;
-  p.y_type = fp32_out ? kcu::GemmOutput::kFloat32 : kcu::GemmOutput::kBf16;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.ldx = ldx;
-  p.ldw = k;
-  p.ldy = ldy;
-  p.workspace = workspace_.get();
-  p.workspace_bytes = workspace_.bytes();
-  return kcu::Invoke(p, stream_);
+  return cuda_backend::LinearGemm(cublas_, workspace_, stream_, x, ldx, w, nullptr, y, ldy,
+                                  fp32_out, m, n, k);
 }
 
 absl::Status CudaDFlash::Norm(const Bf16* x, Bf16* residual, const Bf16* weight, Bf16* y, int rows,
                               int dim) {
-  kcu::RmsNormParams p;
-  p.x = x;
-  p.residual = residual;
-  p.weight = weight;
-  p.y = y;
-  p.rows = rows;
-  p.dim = dim;
-  p.eps = model_->config().model.rms_norm_eps;
-  return kcu::Invoke(p, stream_);
+  return cuda_backend::RmsNorm(stream_, model_->config().model.rms_norm_eps, x, residual, weight, y,
+                               rows, dim);
 }
 
 absl::Status CudaDFlash::EnqueueAppend(CudaDFlashContext& ctx, int length, const Bf16* rows,

@@ -11,9 +11,9 @@
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/kv_write.cuh"
 #include "kernels/cuda/lora.cuh"
-#include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/swiglu.cuh"
+#include "worker/model/cuda/layer_ops.h"
 #include "worker/model/transformer.h"
 
 namespace tandem {
@@ -21,18 +21,13 @@ namespace tandem {
 namespace kcu = kernels::cuda;
 using cuda_backend::CudaKvStorage;
 using cuda_backend::DeviceArray;
+using cuda_backend::UploadBf16;
 
 namespace {
 
 constexpr int kMaxGraphTokens = CudaTransformer::kGraphBuckets.back();
 // The largest split count AttentionSplits' heuristic picks; graph buffers are sized for it.
 constexpr int kMaxGraphSplits = 16;
-
-absl::Status UploadBf16(DeviceArray<__nv_bfloat16>& out, const std::vector<float>& host) {
-  std::vector<__nv_bfloat16> converted(host.size());
-  for (size_t i = 0; i < host.size(); ++i) converted[i] = __float2bfloat16(host[i]);
-  return out.Upload(converted.data(), converted.size());
-}
 
 const __nv_bfloat16* OrNull(const DeviceArray<__nv_bfloat16>& a, const std::vector<float>& host) {
   return host.empty() ? nullptr : a.get();
@@ -320,22 +315,8 @@ absl::Status CudaTransformer::Upload(StepBuffers& b, const StepInputs& in) const
 
 absl::Status CudaTransformer::Gemm(const Bf16* x, int ldx, const Bf16* w, const Bf16* bias, void* y,
                                    int ldy, bool fp32_out, int m, int n, int k, StepBuffers& b) {
-  kcu::GemmParams p;
-  p.handle = cublas_;
-  p.x = x;
-  p.w = w;
-  p.bias = bias;
-  p.y = y;
-  p.y_type = fp32_out ? kcu::GemmOutput::kFloat32 : kcu::GemmOutput::kBf16;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.ldx = ldx;
-  p.ldw = k;
-  p.ldy = ldy;
-  p.workspace = b.workspace.get();
-  p.workspace_bytes = b.workspace.bytes();
-  return kcu::Invoke(p, stream_);
+  return cuda_backend::LinearGemm(cublas_, b.workspace, stream_, x, ldx, w, bias, y, ldy, fp32_out,
+                                  m, n, k);
 }
 
 absl::Status CudaTransformer::Lora(int layer, int target, const Bf16* x, int x_stride, int in_dim,
@@ -380,15 +361,7 @@ absl::Status CudaTransformer::Enqueue(StepBuffers& b, const StepInputs& in, Cuda
     return absl::OkStatus();
   };
   auto norm = [&](const Bf16* x, Bf16* residual, const Bf16* weight, Bf16* y, int rows, int dim) {
-    kcu::RmsNormParams p;
-    p.x = x;
-    p.residual = residual;
-    p.weight = weight;
-    p.y = y;
-    p.rows = rows;
-    p.dim = dim;
-    p.eps = c.rms_norm_eps;
-    return kcu::Invoke(p, stream_);
+    return cuda_backend::RmsNorm(stream_, c.rms_norm_eps, x, residual, weight, y, rows, dim);
   };
 
   {
