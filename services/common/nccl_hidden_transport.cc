@@ -259,6 +259,17 @@ absl::Status WarmUp(Link& link, bool send, Staging& staging, absl::Time deadline
   return absl::OkStatus();
 }
 
+// Joins the communicator as `rank` and exchanges the warm-up payload (rank 0, the verifier,
+// sends), both within one setup deadline.
+absl::Status JoinAndWarmUp(Link& link, Staging& staging, const std::string& unique_id, int rank,
+                           const NcclHiddenOptions& options, const std::atomic<bool>& stop) {
+  const absl::Time deadline = After(options.setup_timeout_seconds);
+  if (absl::Status s = link.Init(unique_id, rank, options.device, deadline, stop); !s.ok()) {
+    return s;
+  }
+  return WarmUp(link, /*send=*/rank == 0, staging, deadline, stop);
+}
+
 // Verifier side (rank 0).
 class NcclSender final : public HiddenSender, public NcclPeerLink {
  public:
@@ -334,12 +345,7 @@ class NcclSender final : public HiddenSender, public NcclPeerLink {
   void Run() {
     Link link;
     Staging staging;
-    absl::Status setup = link.Init(unique_id_, /*rank=*/0, options_.device,
-                                   After(options_.setup_timeout_seconds), stop_flag_);
-    if (setup.ok()) {
-      setup =
-          WarmUp(link, /*send=*/true, staging, After(options_.setup_timeout_seconds), stop_flag_);
-    }
+    absl::Status setup = JoinAndWarmUp(link, staging, unique_id_, /*rank=*/0, options_, stop_flag_);
     if (!setup.ok()) {
       link.MarkFailed();
       link.Close(/*failed=*/true);
@@ -489,12 +495,7 @@ class NcclReceiver final : public HiddenReceiver {
   void Run() {
     Link link;
     Staging staging;
-    absl::Status setup = link.Init(unique_id_, /*rank=*/1, options_.device,
-                                   After(options_.setup_timeout_seconds), stop_flag_);
-    if (setup.ok()) {
-      setup =
-          WarmUp(link, /*send=*/false, staging, After(options_.setup_timeout_seconds), stop_flag_);
-    }
+    absl::Status setup = JoinAndWarmUp(link, staging, unique_id_, /*rank=*/1, options_, stop_flag_);
     if (setup.ok()) {
       bool report = false;
       {
