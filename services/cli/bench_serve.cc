@@ -467,8 +467,9 @@ int RunBenchServe(const BenchServeArgs& args) {
     auto cell_of = [&](const std::string& mode) -> ServeCell& {
       return level_cells[std::find(modes.begin(), modes.end(), mode) - modes.begin()];
     };
-    for (int round = 0; round < args.rounds; ++round) {
-      const std::vector<std::string> order = RoundOrder(modes, round);
+    // Runs one round's windows in `order` into their cells; `label` names the round in messages.
+    auto run_round = [&](const std::vector<std::string>& order, int round,
+                         const std::string& label) {
       std::vector<std::string> progress;
       for (size_t position = 0; position < order.size(); ++position) {
         ServeWindow window = RunWindow(*stub, *prompts, order[position], concurrency, args);
@@ -476,19 +477,22 @@ int RunBenchServe(const BenchServeArgs& args) {
         window.position = static_cast<int>(position);
         if (window.completed == 0) {
           broken = true;
-          std::fprintf(
-              stderr, "%s: every request failed in mode %s at concurrency %d, round %d: %s\n", kWho,
-              window.mode.c_str(), concurrency, round + 1, window.first_error.c_str());
+          std::fprintf(stderr, "%s: every request failed in mode %s at concurrency %d, %s: %s\n",
+                       kWho, window.mode.c_str(), concurrency, label.c_str(),
+                       window.first_error.c_str());
         }
         progress.push_back(absl::StrFormat("%s %.1f", window.mode, window.TokensPerSecond()));
         cell_of(window.mode).rounds.push_back(std::move(window));
       }
       if (!args.json) {
-        std::fprintf(stderr, "%s: C = %d, round %d/%d: %s tokens/s (load average %.1f, %u cpus)\n",
-                     kWho, concurrency, round + 1, args.rounds,
-                     absl::StrJoin(progress, ", ").c_str(), LoadAverage(),
-                     std::thread::hardware_concurrency());
+        std::fprintf(stderr, "%s: C = %d, %s: %s tokens/s (load average %.1f, %u cpus)\n", kWho,
+                     concurrency, label.c_str(), absl::StrJoin(progress, ", ").c_str(),
+                     LoadAverage(), std::thread::hardware_concurrency());
       }
+    };
+    for (int round = 0; round < args.rounds; ++round) {
+      run_round(RoundOrder(modes, round), round,
+                absl::StrFormat("round %d/%d", round + 1, args.rounds));
     }
     std::vector<const ServeCell*> at_level;
     for (size_t m = 0; m < modes.size(); ++m) at_level.push_back(&level_cells[m]);
@@ -506,31 +510,9 @@ int RunBenchServe(const BenchServeArgs& args) {
       }
       paired_with.push_back(leader->best_mode);
       for (int pair = 0; pair < args.pair_rounds; ++pair, ++round) {
-        const std::vector<std::string> order = PairOrder(leader->best_mode, pair);
-        std::vector<std::string> progress;
-        for (size_t position = 0; position < order.size(); ++position) {
-          ServeWindow window = RunWindow(*stub, *prompts, order[position], concurrency, args);
-          window.round = round;
-          window.position = static_cast<int>(position);
-          if (window.completed == 0) {
-            broken = true;
-            std::fprintf(stderr,
-                         "%s: every request failed in mode %s at concurrency %d, pair round "
-                         "%d: %s\n",
-                         kWho, window.mode.c_str(), concurrency, pair + 1,
-                         window.first_error.c_str());
-          }
-          progress.push_back(absl::StrFormat("%s %.1f", window.mode, window.TokensPerSecond()));
-          cell_of(window.mode).rounds.push_back(std::move(window));
-        }
-        if (!args.json) {
-          std::fprintf(stderr,
-                       "%s: C = %d, pair round %d/%d with %s: %s tokens/s (load average %.1f, %u "
-                       "cpus)\n",
-                       kWho, concurrency, pair + 1, args.pair_rounds, leader->best_mode.c_str(),
-                       absl::StrJoin(progress, ", ").c_str(), LoadAverage(),
-                       std::thread::hardware_concurrency());
-        }
+        run_round(PairOrder(leader->best_mode, pair), round,
+                  absl::StrFormat("pair round %d/%d with %s", pair + 1, args.pair_rounds,
+                                  leader->best_mode));
       }
     }
     if (!args.json) {
