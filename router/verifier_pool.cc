@@ -77,6 +77,13 @@ bool VerifierPool::Healthy(size_t index) const {
   return entries_[index].healthy;
 }
 
+double EstimatedSequences(const VerifierLoad* load, int in_flight) {
+  const double own = std::max(0, in_flight);
+  if (load == nullptr) return own;
+  const int others = std::max(0, load->running + load->queued - load->own_streams);
+  return others + own;
+}
+
 int VerifierPool::InFlight(size_t index) const {
   absl::MutexLock lock(&mu_);
   return entries_[index].in_flight;
@@ -88,9 +95,9 @@ std::optional<VerifierInfo> VerifierPool::Info(size_t index) const {
 }
 
 void VerifierPool::SetLoad(size_t index, VerifierLoad load) {
-  auto shared = std::make_shared<const VerifierLoad>(std::move(load));
   absl::MutexLock lock(&mu_);
-  entries_[index].load = std::move(shared);
+  load.own_streams = entries_[index].in_flight;
+  entries_[index].load = std::make_shared<const VerifierLoad>(std::move(load));
 }
 
 std::shared_ptr<const VerifierLoad> VerifierPool::Load(size_t index) const {

@@ -39,7 +39,20 @@ struct VerifierLoad {
   int running = 0;  // sequences it decodes
   int queued = 0;   // sequences waiting for KV or a batch slot
   CostModel cost;   // its measured cost model (empty before it measured anything)
+  // This router's streams on the verifier when the report arrived (VerifierPool::SetLoad sets
+  // it): the part of running + queued that was this router's own at about the report's time.
+  int own_streams = 0;
 };
+
+// The sequences a verifier holds now: its last report's running + queued, with the part that
+// was this router's own then (`load->own_streams`) replaced by this router's streams now
+// (`in_flight`). A report is up to a poll old; between two reports the router's own streams
+// change with every request that starts or ends, and those it counts exactly, while other
+// routers' streams on the verifier are known only from the report. Taking the larger of the
+// report and the router's count instead overstates the load whenever a request ended since the
+// report: a closed-loop client's next request then sees the one it replaced still counted.
+// `in_flight` alone (at least 0) before any report.
+double EstimatedSequences(const VerifierLoad* load, int in_flight);
 
 // A model as the cluster serves it: modes are the union over the verifiers that serve it, the
 // context the smallest.

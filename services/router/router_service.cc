@@ -405,7 +405,7 @@ router::VerifierPool::Gain RouterService::GainOf(const v1::GenerateRequest& requ
                           int in_flight) -> std::optional<double> {
     if (load == nullptr) return std::nullopt;
     // The same load measure as ChooseMode's, before and after this request.
-    const double now = std::max(load->running + load->queued + 0.0, in_flight + 0.0);
+    const double now = router::EstimatedSequences(load, in_flight);
     const std::optional<double> with = policy->BestGoodput(info.modes, load->cost, now + 1, traits);
     if (!with) return std::nullopt;
     if (now < 1) return *with;
@@ -428,10 +428,10 @@ void RouterService::ChooseMode(size_t verifier, v1::VerifyRequest* upstream) {
   const std::optional<router::VerifierInfo> info = pool_->Info(verifier);
   const std::shared_ptr<const router::VerifierLoad> load = pool_->Load(verifier);
   const CostModel empty;
-  // The verifier's last report is up to a poll old; the router's own streams on it (this one
-  // included) are current.
-  const double sequences = std::max(load != nullptr ? load->running + load->queued + 1.0 : 1.0,
-                                    static_cast<double>(pool_->InFlight(verifier)));
+  // The router's own streams on the verifier (this one included: Acquire counted it) are
+  // current; the report adds other routers' streams.
+  const double sequences =
+      std::max(1.0, router::EstimatedSequences(load.get(), pool_->InFlight(verifier)));
   const router::ModeDecision decision = options_.mode_policy->Decide(
       pool_->address(verifier), info ? info->modes : std::vector<std::string>(),
       load != nullptr ? load->cost : empty, sequences,

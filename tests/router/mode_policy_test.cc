@@ -264,5 +264,28 @@ TEST(ModePolicyTest, AModeMeasuredNearTheLoadBeatsAnExtrapolatedOne) {
   EXPECT_EQ(at32.mode, *cost.Goodput("spec", 32) > *cost.Goodput("ar", 32) ? "spec" : "ar");
 }
 
+// Under the default options a mode 6 % better than the current one takes over once the confirm
+// count and time have passed: a margin of 10 % kept auto at 0.94 of the best mode for good,
+// below the 0.95 that `tandem bench serve` asks of it.
+TEST(ModePolicyTest, DefaultMarginLetsAModeSixPercentBetterTakeOver) {
+  ModePolicy policy;
+  const ModePolicyOptions& options = policy.options();
+  CostModel cost = Curve();
+  AddMode(cost, "ar", 1.0, 1.0);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(policy.Decide("v", kServed, cost, 1, {}, "ar", start).mode, "ar");
+  const double ar = *cost.Goodput("ar", 1);
+  // spec: the same step time, 6 % more tokens per step.
+  cost.modes["spec"] = cost.modes.at("ar");
+  cost.modes["spec"][0].tokens_per_step *= 1.06;
+  ASSERT_NEAR(*cost.Goodput("spec", 1) / ar, 1.06, 1e-9);
+  ModeDecision decision;
+  for (int i = 0; i < options.confirm; ++i) {
+    decision = policy.Decide("v", kServed, cost, 1, {}, "ar", start + i * options.confirm_time);
+  }
+  EXPECT_EQ(decision.mode, "spec");
+  EXPECT_EQ(decision.reason, "policy");
+}
+
 }  // namespace
 }  // namespace tandem::router

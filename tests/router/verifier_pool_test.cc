@@ -128,5 +128,36 @@ TEST(VerifierPoolTest, AGainBeyondTheMarginBeatsBalancingAndTiesStayLeastLoaded)
   EXPECT_EQ(*pool.Acquire("m", "", size_t{1}, gain), 0u);
 }
 
+// A closed-loop client at C = 2: the report saw both of the router's streams running; one ended
+// since and its successor is being placed. The verifier holds 2 sequences now, not the report's
+// 2 plus the new one; other routers' streams in the report still count.
+TEST(VerifierPoolTest, LoadEstimateReplacesTheRoutersOwnStreamsInTheReportWithCurrentOnes) {
+  VerifierPool pool({"a:1"});
+  pool.SetInfo(0, Info("m", {"ar"}, 512, "w0"));
+  pool.SetHealthy(0, true);
+  EXPECT_EQ(EstimatedSequences(nullptr, 0), 0);
+  EXPECT_EQ(EstimatedSequences(nullptr, 3), 3);
+  ASSERT_TRUE(pool.Acquire("m", "ar").ok());
+  ASSERT_TRUE(pool.Acquire("m", "ar").ok());
+  pool.SetLoad(0, VerifierLoad{.running = 2, .queued = 0});
+  EXPECT_EQ(pool.Load(0)->own_streams, 2);
+  pool.Release(0);                            // a request ended
+  ASSERT_TRUE(pool.Acquire("m", "ar").ok());  // its successor arrives
+  EXPECT_EQ(EstimatedSequences(pool.Load(0).get(), pool.InFlight(0)), 2);
+  pool.Release(0);
+  EXPECT_EQ(EstimatedSequences(pool.Load(0).get(), pool.InFlight(0)), 1);
+
+  // Another router's 3 streams were in the report as well.
+  pool.SetLoad(0, VerifierLoad{.running = 4, .queued = 1});
+  EXPECT_EQ(pool.Load(0)->own_streams, 1);
+  EXPECT_EQ(EstimatedSequences(pool.Load(0).get(), pool.InFlight(0)), 5);
+  ASSERT_TRUE(pool.Acquire("m", "ar").ok());
+  EXPECT_EQ(EstimatedSequences(pool.Load(0).get(), pool.InFlight(0)), 6);
+  // A report that counted fewer than the router's streams (they had not reached the verifier
+  // yet) adds no negative load.
+  pool.SetLoad(0, VerifierLoad{.running = 0, .queued = 0});
+  EXPECT_EQ(EstimatedSequences(pool.Load(0).get(), pool.InFlight(0)), 2);
+}
+
 }  // namespace
 }  // namespace tandem::router
