@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/cost_model.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/bench_prompts.h"
 #include "services/cli/bench_serve_stats.h"
@@ -36,8 +37,6 @@ namespace tandem::cli {
 namespace {
 
 constexpr char kWho[] = "tandem bench serve";
-// The lossless fixed modes benchmarked by default, when the model serves them.
-const char* const kDefaultFixedModes[] = {"ar", "spec", "self_spec", "jacobi"};
 constexpr char kPlotScript[] = "tools/bench/plot_serve.py";
 constexpr char kPython[] = "/usr/bin/python3";
 // How long to wait for the router to know a verifier.
@@ -381,7 +380,9 @@ int RunBenchServe(const BenchServeArgs& args) {
   };
   std::vector<std::string> modes = args.modes;
   if (modes.empty()) {
-    for (const char* mode : kDefaultFixedModes) {
+    // Every mode auto may choose for these (greedy) requests, when the model serves it: the
+    // best of them is what auto is held to.
+    for (const std::string& mode : AutoModes()) {
       if (is_served(mode)) modes.push_back(mode);
     }
     modes.push_back("auto");

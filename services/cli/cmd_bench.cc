@@ -123,8 +123,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   serve_cmd
       ->add_option("--modes", serve->modes,
-                   "Comma-separated modes (auto: the router's choice); default: ar and the "
-                   "lossless modes the model serves among spec, self_spec, jacobi, then auto")
+                   "Comma-separated modes (auto: the router's choice); default: every mode "
+                   "auto may choose that the model serves (ar, spec, self_spec, "
+                   "self_spec_quadratic, isd, jacobi), then auto")
       ->delimiter(',');
   serve_cmd
       ->add_option("--requests-per-level", serve->requests_per_level,

@@ -287,6 +287,18 @@ TEST(BenchServe, PairRoundsRunAutoAndTheLeaderInAbbaOrder) {
   }
 }
 
+// Without --modes, every mode auto may choose that the cluster serves is a fixed mode (auto is
+// held to the best of them), then auto: on the bundled models that is all of AutoModes().
+TEST(BenchServe, DefaultModesAreEveryModeAutoMayChoose) {
+  const CommandRun run = RunTandem(
+      "bench serve --concurrency 1 --max-tokens 4 --requests-per-level 1 --rounds 1 "
+      "--pair-rounds 0 --warmup 0 --json --out-dir ''");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json j = json::parse(run.out);
+  EXPECT_EQ(j["modes"], json::array({"ar", "spec", "self_spec", "self_spec_quadratic", "isd",
+                                     "jacobi", "auto"}));
+}
+
 // Bad values are refused before a cluster starts.
 TEST(BenchServe, RefusesBadRoundsAndWarmup) {
   const std::pair<std::string, std::string> cases[] = {
