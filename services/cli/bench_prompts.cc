@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "services/cli/locate.h"
 
 namespace tandem::cli {
 
@@ -32,6 +33,15 @@ absl::StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path, int per
   }
   if (prompts.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " has no prompts"));
   return prompts;
+}
+
+absl::StatusOr<std::vector<Prompt>> LoadBenchPrompts(const std::string& model_dir_flag,
+                                                     const std::string& prompts_file,
+                                                     int per_category) {
+  if (!prompts_file.empty()) return LoadPrompts(prompts_file, per_category);
+  absl::StatusOr<std::string> model_dir = FindModelDir(model_dir_flag);
+  if (!model_dir.ok()) return model_dir.status();
+  return LoadPrompts(*model_dir + "/fixtures/bench_prompts.json", per_category);
 }
 
 }  // namespace tandem::cli

@@ -18,4 +18,10 @@ struct Prompt {
 // The first `per_category` prompts of each category (0 = all).
 absl::StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path, int per_category);
 
+// LoadPrompts of `prompts_file`, or where it is "" of <model>/fixtures/bench_prompts.json with
+// the model directory found from `model_dir_flag` as FindModelDir (locate.h) finds it.
+absl::StatusOr<std::vector<Prompt>> LoadBenchPrompts(const std::string& model_dir_flag,
+                                                     const std::string& prompts_file,
+                                                     int per_category);
+
 }  // namespace tandem::cli

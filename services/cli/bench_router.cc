@@ -13,7 +13,6 @@
 #include "services/cli/bench_serve.h"
 #include "services/cli/bench_stream.h"
 #include "services/cli/local_cluster.h"
-#include "services/cli/locate.h"
 #include "tandem/v1/generate.grpc.pb.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 
@@ -73,13 +72,8 @@ int RunBenchRouter(const BenchRouterArgs& args) {
         "the direct path with"));
   }
   if (args.requests < 1) return fail(absl::InvalidArgumentError("--requests must be >= 1"));
-  std::string prompts_file = args.prompts_file;
-  if (prompts_file.empty()) {
-    absl::StatusOr<std::string> model_dir = FindModelDir(args.model_dir);
-    if (!model_dir.ok()) return fail(model_dir.status());
-    prompts_file = *model_dir + "/fixtures/bench_prompts.json";
-  }
-  absl::StatusOr<std::vector<Prompt>> prompts = LoadPrompts(prompts_file, 0);
+  absl::StatusOr<std::vector<Prompt>> prompts =
+      LoadBenchPrompts(args.model_dir, args.prompts_file, 0);
   if (!prompts.ok()) return fail(prompts.status());
 
   std::unique_ptr<LocalCluster> cluster;

@@ -343,13 +343,8 @@ int RunBenchServe(const BenchServeArgs& args) {
     return 1;
   };
   if (absl::Status checked = CheckArgs(args); !checked.ok()) return fail(checked);
-  std::string prompts_file = args.prompts_file;
-  if (prompts_file.empty()) {
-    absl::StatusOr<std::string> model_dir = FindModelDir(args.model_dir);
-    if (!model_dir.ok()) return fail(model_dir.status());
-    prompts_file = *model_dir + "/fixtures/bench_prompts.json";
-  }
-  absl::StatusOr<std::vector<Prompt>> prompts = LoadPrompts(prompts_file, 0);
+  absl::StatusOr<std::vector<Prompt>> prompts =
+      LoadBenchPrompts(args.model_dir, args.prompts_file, 0);
   if (!prompts.ok()) return fail(prompts.status());
 
   std::unique_ptr<LocalCluster> cluster;
