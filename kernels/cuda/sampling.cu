@@ -12,7 +12,7 @@ using internal::SamplingShared;
 // One CTA per row: worker/sampling SampleToken.
 __global__ void __launch_bounds__(kSamplingThreads)
     SampleKernel(const float* logits, int logits_stride, const SamplingRow* rows_params,
-                 int32_t* tokens, int vocab, float* workspace) {
+                 int32_t* tokens, int vocab, float* workspace, int workspace_rows) {
   __shared__ SamplingShared shared;
   const int row = blockIdx.x;
   const float* l = logits + static_cast<size_t>(row) * logits_stride;
@@ -23,7 +23,12 @@ __global__ void __launch_bounds__(kSamplingThreads)
     if (threadIdx.x == 0) tokens[row] = best;
     return;
   }
-  float* probs = workspace + static_cast<size_t>(row) * vocab;
+  const int slot = internal::WorkspaceSlot(r, row, workspace_rows);
+  if (slot < 0) {
+    if (threadIdx.x == 0) tokens[row] = -1;
+    return;
+  }
+  float* probs = workspace + static_cast<size_t>(slot) * vocab;
   internal::RowDistribution(l, vocab, r, max_logit, probs, shared);
   const double u = UniformRandom(r.seed, r.position, r.purpose, r.stream);
   const int token = internal::InverseCdf(probs, vocab, u, shared);
@@ -53,7 +58,8 @@ absl::Status SamplingParams::Check() const {
 
 size_t WorkspaceBytes(const SamplingParams& params) {
   if (params.rows <= 0 || params.vocab <= 0) return 0;
-  return static_cast<size_t>(params.rows) * params.vocab * sizeof(float);
+  const int rows = params.workspace_rows < 0 ? params.rows : params.workspace_rows;
+  return static_cast<size_t>(rows) * params.vocab * sizeof(float);
 }
 
 absl::Status Invoke(const SamplingParams& params, cudaStream_t stream) {
@@ -61,7 +67,8 @@ absl::Status Invoke(const SamplingParams& params, cudaStream_t stream) {
   if (params.rows == 0) return absl::OkStatus();
   SampleKernel<<<params.rows, kSamplingThreads, 0, stream>>>(
       params.logits, params.logits_stride, params.rows_params, params.tokens, params.vocab,
-      static_cast<float*>(params.workspace));
+      static_cast<float*>(params.workspace),
+      params.workspace_rows < 0 ? params.rows : params.workspace_rows);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -34,6 +34,9 @@ struct SamplingRow {
   uint64_t position = 0;  // sequence index of the sampled token
   uint32_t purpose = 0;   // RngPurpose value (kRngSample for plain sampling)
   uint32_t stream = 0;
+  // The workspace row a sampled (non-greedy) row keeps its weights in; < 0: its own row index.
+  // Greedy rows use none. See SamplingParams::workspace_rows.
+  int32_t workspace_row = -1;
 };
 
 struct SamplingParams {
@@ -43,14 +46,20 @@ struct SamplingParams {
   int32_t* tokens = nullptr;                 // [rows] output
   int rows = 0;                              // 0 is a valid no-op
   int vocab = 0;                             // > 0
-  void* workspace = nullptr;                 // [rows, vocab] floats of per-row weights
+  void* workspace = nullptr;                 // [workspace rows, vocab] floats of row weights
   size_t workspace_bytes = 0;
+  // Vocabulary-sized workspace rows: < 0 = `rows` (row i uses row i). A caller that knows its
+  // rows' settings sets the number of sampled rows instead (0 when all are greedy, which need
+  // no workspace) and gives each sampled row a distinct workspace_row in [0, workspace_rows);
+  // a sampled row whose workspace row falls outside gets token -1 rather than writing there.
+  int workspace_rows = -1;
 
   // INVALID_ARGUMENT naming the bad field; host only (row settings are on the device: a
   // negative top_k counts as off, like 0).
   absl::Status Check() const;
 };
 
+// [workspace rows, vocab] floats: rows × vocab unless workspace_rows says fewer.
 size_t WorkspaceBytes(const SamplingParams& params);
 
 absl::Status Invoke(const SamplingParams& params, cudaStream_t stream);

@@ -29,6 +29,13 @@ struct SamplingShared {
 
 __device__ inline bool Usable(float p) { return p > 0.0f && p < INFINITY; }
 
+// The workspace row of a sampled row `row` (SamplingRow::workspace_row), or -1 when it lies
+// outside the workspace's `workspace_rows` rows.
+__device__ inline int WorkspaceSlot(const SamplingRow& r, int row, int workspace_rows) {
+  const int slot = r.workspace_row >= 0 ? r.workspace_row : row;
+  return slot < workspace_rows ? slot : -1;
+}
+
 // worker/sampling Argmax: lowest index of the maximum, NaN skipped, 0 when nothing is > -inf.
 // Sets *max_value to that maximum (-inf when none).
 __device__ inline int RowArgmax(const float* logits, int vocab, SamplingShared& s,

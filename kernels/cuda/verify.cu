@@ -15,7 +15,8 @@ constexpr int kRunThreads = 128;
 
 __global__ void __launch_bounds__(kSamplingThreads)
     VerifyKernel(const float* logits, int logits_stride, const VerifyRow* rows_params,
-                 int32_t* tokens, uint8_t* accepted, int vocab, float* workspace) {
+                 int32_t* tokens, uint8_t* accepted, int vocab, float* workspace,
+                 int workspace_rows) {
   __shared__ SamplingShared shared;
   const int row = blockIdx.x;
   const float* l = logits + static_cast<size_t>(row) * logits_stride;
@@ -32,11 +33,19 @@ __global__ void __launch_bounds__(kSamplingThreads)
     }
     return;
   }
-  float* probs = workspace + static_cast<size_t>(row) * vocab;
+  const int slot = internal::WorkspaceSlot(r, row, workspace_rows);
+  if (slot < 0) {
+    if (threadIdx.x == 0) {
+      tokens[row] = -1;
+      accepted[row] = 0;
+    }
+    return;
+  }
+  float* probs = workspace + static_cast<size_t>(slot) * vocab;
   internal::RowDistribution(l, vocab, r, max_logit, probs, shared);
   if (!is_draft) {
     const int token = internal::InverseCdf(
-        probs, vocab, UniformRandom(r.seed, r.position, kRngSample, r.stream), shared);
+        probs, vocab, UniformRandom(r.seed, r.position, r.purpose, r.stream), shared);
     if (threadIdx.x == 0) {
       tokens[row] = token;
       accepted[row] = 1;
@@ -105,7 +114,8 @@ absl::Status VerifyParams::Check() const {
 
 size_t WorkspaceBytes(const VerifyParams& params) {
   if (params.rows <= 0 || params.vocab <= 0) return 0;
-  return static_cast<size_t>(params.rows) * params.vocab * sizeof(float);
+  const int rows = params.workspace_rows < 0 ? params.rows : params.workspace_rows;
+  return static_cast<size_t>(rows) * params.vocab * sizeof(float);
 }
 
 absl::Status Invoke(const VerifyParams& params, cudaStream_t stream) {
@@ -113,7 +123,8 @@ absl::Status Invoke(const VerifyParams& params, cudaStream_t stream) {
   if (params.rows > 0) {
     VerifyKernel<<<params.rows, kSamplingThreads, 0, stream>>>(
         params.logits, params.logits_stride, params.rows_params, params.tokens, params.accepted,
-        params.vocab, static_cast<float*>(params.workspace));
+        params.vocab, static_cast<float*>(params.workspace),
+        params.workspace_rows < 0 ? params.rows : params.workspace_rows);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   if (params.runs > 0) {

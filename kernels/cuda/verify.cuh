@@ -1,12 +1,12 @@
-// Fused speculative verification of draft runs (worker/decoding/verify.h VerifyDraft and
-// VerifyDraftRun) over [rows, vocab] fp32 target logits, one CTA per row:
+// Fused speculative verification of draft runs (worker/sampling/sampling.h VerifyDraft, and
+// worker/decoding/verify.h VerifyDraftRun) over [rows, vocab] fp32 target logits, one CTA per row:
 //   draft >= 0: the row verifies a point-mass draft token. Greedy rows: accepted iff draft ==
 //     Argmax, token = Argmax (exact). Sampled rows: p = the row's sampling distribution
 //     (sampling.cuh), accepted iff UniformRandom(seed, position, kAccept) < p(draft) / sum(p);
 //     token = draft if accepted, else an inverse-CDF draw (kResample) from p with the draft's
 //     mass removed (the draft itself when nothing else has mass).
-//   draft < 0: the row is a plain sample (the bonus token after a fully accepted run; purpose
-//     kSample), accepted = 1.
+//   draft < 0: the row is a plain sample (the bonus token after a fully accepted run; drawn
+//     with the row's purpose, kSample for a bonus row), accepted = 1.
 // Rows verify independently; a run's rows are consecutive and run_offsets gives, per run, the
 // number of leading accepted draft rows (the caller keeps those drafts, then appends the token
 // of the first rejected row, or of the bonus row when all were accepted).
@@ -26,7 +26,7 @@
 namespace tandem::kernels::cuda {
 
 struct VerifyRow {
-  SamplingRow sampling;  // purpose is ignored: kAccept / kResample / kSample as above
+  SamplingRow sampling;  // purpose: a plain sample's; draft rows use kAccept / kResample
   int32_t draft = -1;    // draft token in [0, vocab), or < 0 for a plain sample
 };
 
@@ -43,13 +43,18 @@ struct VerifyParams {
   const int32_t* run_offsets = nullptr;
   int32_t* accepted_drafts = nullptr;
   int runs = 0;
-  void* workspace = nullptr;  // [rows, vocab] floats
+  void* workspace = nullptr;  // [workspace rows, vocab] floats
   size_t workspace_bytes = 0;
+  // As SamplingParams::workspace_rows: < 0 = `rows`; else the sampled rows' count, each with a
+  // distinct sampling.workspace_row below it (greedy rows need none). A sampled row whose
+  // workspace row falls outside gets token -1 and accepted 0.
+  int workspace_rows = -1;
 
   // INVALID_ARGUMENT naming the bad field; host only.
   absl::Status Check() const;
 };
 
+// [workspace rows, vocab] floats: rows × vocab unless workspace_rows says fewer.
 size_t WorkspaceBytes(const VerifyParams& params);
 
 absl::Status Invoke(const VerifyParams& params, cudaStream_t stream);

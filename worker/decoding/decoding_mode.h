@@ -42,8 +42,9 @@ struct StepPlan {
   std::vector<uint8_t> lora_gate;  // [n] or empty
   std::vector<int32_t> hidden_layers;
   // [outputs.size()] or empty: tokens the model samples from the output rows on its device
-  // (Extend::samples). A driver may ignore them and return logits instead, so a mode that
-  // plans samples reads them with OutputToken, which falls back to the host sampler.
+  // (Extend::samples), or draft tokens it verifies there. A driver may ignore them and return
+  // logits instead, so a mode that plans samples reads them with OutputToken (drafts:
+  // VerifiedToken, worker/decoding/verify.h), which falls back to the host sampler.
   std::vector<SampleRequest> samples;
   // False when the mode needs only the sampled tokens (and so planned `samples`). A mode that
   // reuses another mode's Plan but reads the logits itself must set it back to true.

@@ -69,7 +69,10 @@ absl::StatusOr<StepResult> NspMode::Consume(const DecodeState& state, const Step
   if (state.pending() < 1) {
     return absl::InternalError("nsp needs a pending token to anchor its block");
   }
-  if (static_cast<int>(plan.outputs.size()) * vocab_size_ != static_cast<int>(out.logits.size())) {
+  // A verify step may come back with the model's verdicts and no logits (VerifyDraftRun reads
+  // either and checks them itself).
+  if (!verify_next_ &&
+      static_cast<int>(plan.outputs.size()) * vocab_size_ != static_cast<int>(out.logits.size())) {
     return absl::InternalError("nsp: logits do not match the planned outputs");
   }
   if (verify_next_) return ConsumeVerify(state, plan, out);
@@ -178,9 +181,10 @@ absl::StatusOr<StepResult> NspMode::ConsumeVerify(const DecodeState& state, cons
                                                   const ExtendOutput& out) {
   verify_next_ = false;
   int j = 0;
-  StepResult result = VerifyDraftRun(state, plan, out, vocab_size_, &j, &probs_);
-  result.drafted = cycle_drafted_;
-  result.accepted = 1 + j;  // d0 was accepted by the draft step
+  absl::StatusOr<StepResult> result = VerifyDraftRun(state, plan, out, vocab_size_, &j, &probs_);
+  if (!result.ok()) return result.status();
+  result->drafted = cycle_drafted_;
+  result->accepted = 1 + j;  // d0 was accepted by the draft step
   return result;
 }
 

@@ -98,9 +98,10 @@ absl::StatusOr<StepResult> SelfSpecMode::ConsumeVerify(const DecodeState& state,
                                                        const ExtendOutput& out) {
   verify_next_ = false;
   int j = 0;
-  StepResult result = VerifyDraftRun(state, plan, out, vocab_size_, &j, &probs_);
-  result.drafted = cycle_drafted_;
-  result.accepted = 1 + j;  // d0 was accepted by the draft step
+  absl::StatusOr<StepResult> result = VerifyDraftRun(state, plan, out, vocab_size_, &j, &probs_);
+  if (!result.ok()) return result.status();
+  result->drafted = cycle_drafted_;
+  result->accepted = 1 + j;  // d0 was accepted by the draft step
   return result;
 }
 

@@ -42,8 +42,9 @@ StepPlan SpecMode::Plan(const DecodeState& state) {
   for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
     plan.outputs.push_back(i);
   }
-  // γ = 0 (no drafts): a plain AR step, whose token the model may sample where the logits are.
-  if (static_cast<int>(plan.tokens.size()) == pending) PlanDeviceSample(state, &plan);
+  // The model verifies the drafts (and samples the bonus token, or with γ = 0 the plain AR
+  // token) where the logits are; nothing here needs the logits themselves.
+  PlanDeviceVerify(state, &plan);
   return plan;
 }
 
@@ -70,10 +71,12 @@ absl::StatusOr<StepResult> SpecMode::Consume(const DecodeState& state, const Ste
                                              const ExtendOutput& out) {
   const int pending = state.pending();
   const int gamma = static_cast<int>(plan.tokens.size()) - pending;
-  // A γ = 0 step may come back with its sampled token and no logits.
-  const bool sampled = gamma == 0 && out.tokens.size() == 1;
-  if (gamma < 0 || plan.outputs.size() != static_cast<size_t>(gamma) + 1 ||
-      (!sampled && out.logits.size() != plan.outputs.size() * static_cast<size_t>(vocab_size_))) {
+  // The step may come back with the model's verdicts (tokens, and accepted flags for the
+  // drafts) and no logits.
+  const size_t rows = static_cast<size_t>(gamma) + 1;
+  const bool verified = out.tokens.size() == rows && (gamma == 0 || out.accepted.size() == rows);
+  if (gamma < 0 || plan.outputs.size() != rows ||
+      (!verified && out.logits.size() != rows * static_cast<size_t>(vocab_size_))) {
     return absl::InternalError(absl::StrCat("spec: Consume got a plan of ", plan.tokens.size(),
                                             " tokens with ", plan.outputs.size(), " outputs and ",
                                             out.logits.size(), " logits for ", pending,
@@ -90,8 +93,11 @@ absl::StatusOr<StepResult> SpecMode::Consume(const DecodeState& state, const Ste
   int32_t next = -1;
   for (; accepted < gamma; ++accepted) {
     bool ok = false;
-    next = VerifyDraft(LogitsRow(out, accepted, vocab_size_), plan.tokens[pending + accepted],
-                       sampling, t + accepted, &ok, &probs);
+    absl::StatusOr<int32_t> token =
+        VerifiedToken(out, accepted, vocab_size_, plan.tokens[pending + accepted], sampling,
+                      t + accepted, &ok, &probs);
+    if (!token.ok()) return token.status();
+    next = *token;
     if (!ok) break;
   }
   if (accepted == gamma) {

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
 
 float SlotConfidence(std::span<const float> logits, int32_t mask_token, int32_t* top) {
@@ -22,28 +24,6 @@ float SlotConfidence(std::span<const float> logits, int32_t mask_token, int32_t*
   return sum > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
 }
 
-int32_t VerifyDraft(std::span<const float> logits, int32_t draft, const SamplingParams& sampling,
-                    uint64_t index, bool* accepted, std::vector<float>* scratch) {
-  if (sampling.greedy()) {
-    const int32_t best = Argmax(logits);
-    *accepted = best == draft;
-    return best;
-  }
-  std::vector<float>& probs = *scratch;
-  SamplingDistribution(logits, sampling, &probs);
-  double total = 0;
-  for (const float p : probs) total += p;
-  const double p_draft = total > 0 ? probs[draft] / total : 0.0;
-  *accepted = UniformRandom(sampling.seed, index, RngPurpose::kAccept) < p_draft;
-  if (*accepted) return draft;
-  probs[draft] = 0.0f;
-  const int32_t token =
-      SampleFromDistribution(probs, UniformRandom(sampling.seed, index, RngPurpose::kResample));
-  // Only a degenerate p (all its mass on the draft, which would have been accepted) leaves
-  // nothing to resample; the draft is then the token.
-  return token >= 0 ? token : draft;
-}
-
 StepPlan PlanDraftRun(const DecodeState& state, std::span<const int32_t> drafts) {
   StepPlan plan;
   AppendPending(state, &plan);
@@ -56,11 +36,44 @@ StepPlan PlanDraftRun(const DecodeState& state, std::span<const int32_t> drafts)
   for (int i = pending - 1; i < static_cast<int>(plan.tokens.size()); ++i) {
     plan.outputs.push_back(i);
   }
+  PlanDeviceVerify(state, &plan);
   return plan;
 }
 
-StepResult VerifyDraftRun(const DecodeState& state, const StepPlan& plan, const ExtendOutput& out,
-                          int vocab_size, int* accepted_drafts, std::vector<float>* scratch) {
+void PlanDeviceVerify(const DecodeState& state, StepPlan* plan) {
+  const int pending = state.pending();
+  const int m = static_cast<int>(plan->tokens.size()) - pending;
+  if (state.sampling == nullptr || m < 0 || plan->outputs.size() != static_cast<size_t>(m) + 1) {
+    return;
+  }
+  const uint64_t length = state.tokens.size();
+  plan->samples.clear();
+  for (int j = 0; j <= m; ++j) {
+    plan->samples.push_back(SampleRequest{.params = *state.sampling,
+                                          .position = length + j,
+                                          .draft = j < m ? plan->tokens[pending + j] : -1});
+  }
+  plan->return_logits = false;
+}
+
+absl::StatusOr<int32_t> VerifiedToken(const ExtendOutput& out, int j, int vocab, int32_t draft,
+                                      const SamplingParams& sampling, uint64_t index,
+                                      bool* accepted, std::vector<float>* scratch) {
+  if (j < static_cast<int>(out.tokens.size()) && j < static_cast<int>(out.accepted.size())) {
+    *accepted = out.accepted[j] != 0;
+    return out.tokens[j];
+  }
+  if (vocab <= 0 || out.logits.size() < static_cast<size_t>(j + 1) * vocab) {
+    return absl::InternalError(absl::StrCat("output row ", j, " has neither a verified token nor ",
+                                            "logits (", out.logits.size(), " logits for a ",
+                                            "vocabulary of ", vocab, ")"));
+  }
+  return VerifyDraft(LogitsRow(out, j, vocab), draft, sampling, index, accepted, scratch);
+}
+
+absl::StatusOr<StepResult> VerifyDraftRun(const DecodeState& state, const StepPlan& plan,
+                                          const ExtendOutput& out, int vocab_size,
+                                          int* accepted_drafts, std::vector<float>* scratch) {
   const int pending = state.pending();
   const int m = static_cast<int>(plan.tokens.size()) - pending;
   const uint64_t length = state.tokens.size();
@@ -69,15 +82,17 @@ StepResult VerifyDraftRun(const DecodeState& state, const StepPlan& plan, const 
   int j = 0;
   for (; j < m; ++j) {
     bool accepted = false;
-    const int32_t token = VerifyDraft(LogitsRow(out, j, vocab_size), plan.tokens[pending + j],
-                                      *state.sampling, length + j, &accepted, scratch);
-    result.append.push_back(token);
+    absl::StatusOr<int32_t> token = VerifiedToken(out, j, vocab_size, plan.tokens[pending + j],
+                                                  *state.sampling, length + j, &accepted, scratch);
+    if (!token.ok()) return token.status();
+    result.append.push_back(*token);
     if (!accepted) break;
     result.keep.push_back(pending + j);
   }
   if (j == m) {
-    result.append.push_back(
-        SampleToken(LogitsRow(out, m, vocab_size), *state.sampling, length + m));
+    absl::StatusOr<int32_t> bonus = OutputToken(out, m, vocab_size, *state.sampling, length + m);
+    if (!bonus.ok()) return bonus.status();
+    result.append.push_back(*bonus);
   }
   *accepted_drafts = j;
   return result;

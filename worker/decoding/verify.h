@@ -6,19 +6,14 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "worker/decoding/decoding_mode.h"
 #include "worker/sampling/sampling.h"
 
 namespace tandem {
 
-// Verifies `draft` as the token at sequence index `index` under the target logits `logits`:
-// accepted with probability p(draft) (RngPurpose::kAccept at `index`), otherwise the returned
-// token is drawn from p with the draft removed (kResample at `index`). With a point-mass draft
-// distribution this is exactly speculative sampling's rule, so the output follows p. Greedy
-// sampling reduces to "accept iff draft == argmax, else argmax". `scratch` is reused across
-// calls to avoid a vocabulary-sized allocation per draft.
-int32_t VerifyDraft(std::span<const float> logits, int32_t draft, const SamplingParams& sampling,
-                    uint64_t index, bool* accepted, std::vector<float>* scratch);
+// VerifyDraft (worker/sampling/sampling.h) is the rule: accept a point-mass draft with
+// probability p(draft) (kAccept at its index), else resample from p without it (kResample).
 
 // A masked diffusion slot's confidence: the top-1 probability of softmax(logits) over every token
 // but `mask_token` (<|mask|> is never a prediction); that token goes to `*top` when not null.
@@ -26,7 +21,23 @@ float SlotConfidence(std::span<const float> logits, int32_t mask_token, int32_t*
 
 // The plan of that verify pass: the pending tokens followed by `drafts` at the next indices,
 // causal, with outputs from the last pending token on (row j: the distribution at draft j).
+// With sampling settings the plan asks the model to verify the run itself (PlanDeviceVerify).
 StepPlan PlanDraftRun(const DecodeState& state, std::span<const int32_t> drafts);
+
+// Asks the model to verify a planned draft run on its device instead of returning logits:
+// plan->tokens are the pending tokens followed by m drafts and plan->outputs the m + 1 rows from
+// the last pending token on. Row j < m verifies draft j at sequence index tokens.size() + j
+// (VerifyDraft's kAccept / kResample draws there), row m samples the bonus token at
+// tokens.size() + m (kSample): exactly the host calls of VerifyDraftRun. Sets nothing without
+// sampling settings or when the plan is not of that shape.
+void PlanDeviceVerify(const DecodeState& state, StepPlan* plan);
+
+// Output row j's verdict on `draft` at sequence index `index`: the model's token and accepted
+// flag when the driver passed the plan's samples (PlanDeviceVerify), else VerifyDraft on the
+// row's logits. Internal when `out` has neither.
+absl::StatusOr<int32_t> VerifiedToken(const ExtendOutput& out, int j, int vocab, int32_t draft,
+                                      const SamplingParams& sampling, uint64_t index,
+                                      bool* accepted, std::vector<float>* scratch);
 
 // The AR verify pass of a self-speculative cycle: the plan's extend is the pending tokens
 // followed by m drafts, and output row j is the target's distribution at the j-th draft's
@@ -34,8 +45,10 @@ StepPlan PlanDraftRun(const DecodeState& state, std::span<const int32_t> drafts)
 // VerifyDraft, keeps the pending tokens and the accepted drafts, appends the accepted drafts
 // plus the correction at the first rejection or, all accepted, the bonus token from row m.
 // `accepted_drafts` gets the number of drafts accepted. `drafted` / `accepted` are left for
-// the mode, which counts its cycle.
-StepResult VerifyDraftRun(const DecodeState& state, const StepPlan& plan, const ExtendOutput& out,
-                          int vocab_size, int* accepted_drafts, std::vector<float>* scratch);
+// the mode, which counts its cycle. Reads the model's verdicts when the plan had them verified
+// on the device (PlanDeviceVerify), the logits otherwise; Internal when `out` has neither.
+absl::StatusOr<StepResult> VerifyDraftRun(const DecodeState& state, const StepPlan& plan,
+                                          const ExtendOutput& out, int vocab_size,
+                                          int* accepted_drafts, std::vector<float>* scratch);
 
 }  // namespace tandem

@@ -439,6 +439,7 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
                                  static_cast<size_t>(model_->model->config().hidden_size);
       view.logits = std::move(outputs[b]->logits);
       view.tokens = outputs[b]->tokens;
+      view.accepted = outputs[b]->accepted;
       view.hidden.assign(outputs[b]->hidden.begin(),
                          outputs[b]->hidden.begin() + static_cast<ptrdiff_t>(std::min(
                                                           mode_values, outputs[b]->hidden.size())));

@@ -47,10 +47,16 @@ struct Visibility {
 // worker/sampling SampleToken (the settings and the draw's coordinates). On the CPU the model
 // calls SampleToken on the row's logits; the CUDA backend runs the device sampler on the
 // device logits (same Philox draw; see kernels/cuda/sampling.cuh for how close it is).
+// With a draft the row verifies it instead: exactly worker/sampling VerifyDraft(row, draft,
+// params, position), whose kAccept / kResample draws at `position` replace the sample's
+// (`purpose` is ignored); the CUDA backend runs kernels/cuda/verify.cuh.
 struct SampleRequest {
   SamplingParams params;
   uint64_t position = 0;  // sequence index of the sampled token (the draw's RNG counter)
   RngPurpose purpose = RngPurpose::kSample;
+  // -1: a plain sample. Otherwise a draft token in [0, vocab) proposed for `position`: the
+  // row's token is the draft when accepted, else the resampled correction.
+  int32_t draft = -1;
 };
 
 struct Extend {
@@ -71,6 +77,9 @@ struct Extend {
 struct ExtendOutput {
   std::vector<float> logits;    // [outputs.size(), vocab_size]; empty unless return_logits
   std::vector<int32_t> tokens;  // [outputs.size()] sampled tokens; empty without samples
+  // [outputs.size()] with samples: 1 when the row's draft was accepted (always 1 for a plain
+  // sample), 0 when its token is a correction; empty without samples.
+  std::vector<uint8_t> accepted;
   // [hidden_layers.size(), n, hidden_size]: residual stream after that many layers
   // (0 = embeddings; num_layers = before the final norm).
   std::vector<float> hidden;

@@ -136,6 +136,10 @@ absl::Status Transformer::Validate(std::span<const Extend> batch, const KvCache&
         return bad("sample request ", i, " has an unknown RNG purpose ",
                    static_cast<uint32_t>(r.purpose));
       }
+      if (r.draft < -1 || r.draft >= config_.vocab_size) {
+        return bad("sample request ", i, " has draft token ", r.draft,
+                   " outside the vocabulary of ", config_.vocab_size, " (-1 = no draft)");
+      }
     }
     if (!x.lora_gate.empty()) {
       if (static_cast<int>(x.lora_gate.size()) != n)
@@ -368,6 +372,8 @@ absl::StatusOr<std::vector<ExtendOutput>> Transformer::Forward(std::span<const E
   std::vector<float> logits(static_cast<size_t>(m) * c.vocab_size);
   kc::Linear(normed.data(), weights_.Head().data(), nullptr, logits.data(), m, c.vocab_size,
              hidden);
+  // VerifyDraft's vocabulary-sized distribution, reused across the draft rows.
+  std::vector<float> verify_scratch;
   size_t r = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
     const Extend& x = batch[e];
@@ -375,11 +381,19 @@ absl::StatusOr<std::vector<ExtendOutput>> Transformer::Forward(std::span<const E
     const float* first = logits.data() + r * c.vocab_size;
     if (!x.samples.empty()) {
       outputs[e].tokens.resize(k);
+      outputs[e].accepted.assign(k, 1);
       for (size_t i = 0; i < k; ++i) {
         const SampleRequest& s = x.samples[i];
-        outputs[e].tokens[i] =
-            SampleToken({first + i * c.vocab_size, static_cast<size_t>(c.vocab_size)}, s.params,
-                        s.position, s.purpose);
+        const std::span<const float> row(first + i * c.vocab_size,
+                                         static_cast<size_t>(c.vocab_size));
+        if (s.draft >= 0) {
+          bool accepted = false;
+          outputs[e].tokens[i] =
+              VerifyDraft(row, s.draft, s.params, s.position, &accepted, &verify_scratch);
+          outputs[e].accepted[i] = accepted ? 1 : 0;
+        } else {
+          outputs[e].tokens[i] = SampleToken(row, s.params, s.position, s.purpose);
+        }
       }
     }
     if (x.return_logits) outputs[e].logits.assign(first, first + k * c.vocab_size);

@@ -57,11 +57,13 @@ class Transformer {
   const std::optional<LoraAdapter>& lora() const { return lora_; }
 
   // Runs the batch; returns one output per extend, in order: the logits of its outputs when
-  // return_logits, and for its sample requests the tokens SampleToken picks from those rows
-  // (on the CPU by calling it; on a device by its sampler, see kernels/cuda/sampling.cuh).
+  // return_logits, and for its sample requests the tokens SampleToken picks from those rows, or
+  // for requests with a draft VerifyDraft's token and verdict (on the CPU by calling them; on a
+  // device by its sampler and verifier, see kernels/cuda/sampling.cuh and verify.cuh).
   // InvalidArgument for malformed extends (token or position out of range, missing
-  // reservation, bad indices, sample requests not one per output or with NaN settings) or a
-  // cache whose storage is not the current device's; nothing is written to the cache then.
+  // reservation, bad indices, sample requests not one per output, with NaN settings or with a
+  // draft outside the vocabulary) or a cache whose storage is not the current device's; nothing
+  // is written to the cache then.
   absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch, KvCache& kv);
 
  private:

@@ -81,9 +81,31 @@ TEST(SamplingCheckTest, ValidatesFields) {
   EXPECT_TRUE(q.Check().ok()) << q.Check();
 }
 
+TEST(SamplingCheckTest, WorkspaceRowsSizeTheWorkspace) {
+  SamplingParams p;
+  p.rows = 5;
+  p.vocab = 10;
+  p.logits_stride = 10;
+  EXPECT_EQ(WorkspaceBytes(p), 5 * 10 * sizeof(float));
+  p.workspace_rows = 2;  // two sampled rows, the rest greedy
+  EXPECT_EQ(WorkspaceBytes(p), 2 * 10 * sizeof(float));
+  p.workspace_rows = 0;  // all greedy: no workspace at all
+  EXPECT_EQ(WorkspaceBytes(p), 0u);
+  std::vector<float> logits(5 * 10);
+  std::vector<SamplingRow> rows(5);
+  std::vector<int32_t> tokens(5);
+  p.logits = logits.data();
+  p.rows_params = rows.data();
+  p.tokens = tokens.data();
+  EXPECT_TRUE(p.Check().ok()) << p.Check();
+  p.workspace_rows = 1;
+  ExpectInvalid(p, "workspace");
+}
+
 // Runs the op on `logits` ([rows, vocab]) with per-row settings; returns the tokens.
+// `workspace_rows` as SamplingParams::workspace_rows.
 std::vector<int32_t> RunOp(const std::vector<float>& logits, const std::vector<SamplingRow>& rows,
-                           int vocab) {
+                           int vocab, int workspace_rows = -1) {
   const int n = static_cast<int>(rows.size());
   auto d_logits = testing::Upload(logits);
   auto d_rows = testing::Upload(rows);
@@ -96,6 +118,7 @@ std::vector<int32_t> RunOp(const std::vector<float>& logits, const std::vector<S
   p.tokens = d_tokens->get();
   p.rows = n;
   p.vocab = vocab;
+  p.workspace_rows = workspace_rows;
   p.workspace_bytes = WorkspaceBytes(p);
   auto d_workspace = testing::Allocate(p.workspace_bytes);
   EXPECT_TRUE(d_workspace.ok());
@@ -215,6 +238,41 @@ TEST_F(SamplingCudaTest, SampledTokensMatchCpuUpToRounding) {
         << " min_p " << rows[i].min_p << ")";
   }
   RecordProperty("exact_matches", exact);
+}
+
+// A workspace row per sampled row only (greedy rows need none) gives the tokens of the full
+// [rows, vocab] workspace; a sampled row without a workspace row of its own gets -1.
+TEST_F(SamplingCudaTest, CompactWorkspaceGivesTheSameTokens) {
+  const int vocab = 5003;
+  std::normal_distribution<float> dist(0, 2.0f);
+  std::vector<float> logits;
+  std::vector<SamplingRow> rows;
+  int sampled = 0;
+  for (int i = 0; i < 24; ++i) {
+    for (int v = 0; v < vocab; ++v) logits.push_back(dist(rng_));
+    SamplingRow r;
+    r.seed = 100 + i;
+    r.position = 10 * i;
+    if (i % 3 != 0) {  // two of three rows sampled, in between greedy ones
+      r.temperature = 0.9f;
+      r.top_k = i % 2 == 0 ? 50 : 0;
+      r.workspace_row = sampled++;
+    }
+    rows.push_back(r);
+  }
+  std::vector<SamplingRow> own = rows;
+  for (SamplingRow& r : own) r.workspace_row = -1;
+  const std::vector<int32_t> full = RunOp(logits, own, vocab);
+  EXPECT_EQ(RunOp(logits, rows, vocab, sampled), full);
+  // Too few workspace rows: the sampled rows beyond them fail visibly, the others are intact.
+  const std::vector<int32_t> short_of = RunOp(logits, rows, vocab, sampled - 1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].workspace_row == sampled - 1) {
+      EXPECT_EQ(short_of[i], -1) << i;
+    } else {
+      EXPECT_EQ(short_of[i], full[i]) << i;
+    }
+  }
 }
 
 TEST_F(SamplingCudaTest, FrequenciesFollowTheDistribution) {

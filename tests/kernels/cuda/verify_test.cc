@@ -54,6 +54,14 @@ TEST(VerifyCheckTest, ValidatesFields) {
   q = p;
   q.logits_stride = 5;
   ExpectInvalid(q, "logits_stride");
+  // Only sampled rows need a vocabulary-sized workspace row; all-greedy rows none.
+  q = p;
+  q.workspace_rows = 1;
+  EXPECT_EQ(WorkspaceBytes(q), 10 * sizeof(float));
+  q.workspace_rows = 0;
+  q.workspace = nullptr;
+  q.workspace_bytes = 0;
+  EXPECT_TRUE(q.Check().ok()) << q.Check();
 }
 
 tandem::SamplingParams CpuParams(const SamplingRow& r) {

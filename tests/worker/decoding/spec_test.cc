@@ -48,9 +48,46 @@ TEST(SpecModeTest, PlansPendingTokensThenDraftsWithOutputsAtEach) {
   EXPECT_EQ(plan.visible.kind, Visibility::Kind::kCausal);
   EXPECT_EQ(mode->drafter().stats().calls, 1);
   EXPECT_EQ(mode->drafter().stats().drafted, 3);
-  // A verifying step needs the logits and samples on the host.
-  EXPECT_TRUE(plan.samples.empty());
-  EXPECT_TRUE(plan.return_logits);
+  // The model verifies the drafts (rows 0..2, at sequence indices 5..7) and samples the bonus
+  // token (row 3, index 8) itself; no logits come back.
+  ASSERT_EQ(plan.samples.size(), 4u);
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(plan.samples[j].position, 5u + j) << j;
+    EXPECT_EQ(plan.samples[j].draft, j < 3 ? plan.tokens[2 + j] : -1) << j;
+    EXPECT_EQ(plan.samples[j].purpose, RngPurpose::kSample) << j;
+  }
+  EXPECT_FALSE(plan.return_logits);
+}
+
+// The model's verdicts alone (tokens and accepted flags, no logits) make a step: the accepted
+// drafts, then the first rejected row's correction.
+TEST(SpecModeTest, ConsumesTheModelsVerdicts) {
+  auto target = testing::TinyModel(TinyArch::kQwen2, 7, kContext);
+  auto mode = MakeSpec(*target, *target, 3);
+  const std::vector<int32_t> tokens = {4, 8, 1, 9, 2};
+  const SamplingParams hot{.temperature = 0.9f, .seed = 4};
+  const DecodeState state{
+      .tokens = tokens, .prompt_len = 3, .kv_len = 3, .budget = 10, .sampling = &hot};
+  const StepPlan plan = mode->Plan(state);
+  ASSERT_EQ(plan.tokens.size(), 5u);
+  ExtendOutput out;
+  out.tokens = {plan.tokens[2], 40, plan.tokens[4], 41};
+  out.accepted = {1, 0, 1, 1};
+  absl::StatusOr<StepResult> r = mode->Consume(state, plan, out);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->append, (std::vector<int32_t>{plan.tokens[2], 40}));
+  EXPECT_EQ(r->keep, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(r->accepted, 1);
+  EXPECT_EQ(r->drafted, 3);
+  // All accepted: the drafts and the bonus row's token.
+  out.tokens = {plan.tokens[2], plan.tokens[3], plan.tokens[4], 41};
+  out.accepted = {1, 1, 1, 1};
+  r = mode->Consume(state, plan, out);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->append, (std::vector<int32_t>{plan.tokens[2], plan.tokens[3], plan.tokens[4], 41}));
+  // Tokens without flags (a driver that ignored the drafts) and no logits: an error, not a guess.
+  out.accepted.clear();
+  EXPECT_EQ(mode->Consume(state, plan, out).status().code(), absl::StatusCode::kInternal);
 }
 
 // A step without drafts is a plain AR step: the model may sample its token (no logits), and a

@@ -17,8 +17,10 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "worker/decoding/ar.h"
+#include "worker/decoding/drafter.h"
 #include "worker/decoding/modes.h"
 #include "worker/decoding/runner.h"
+#include "worker/decoding/spec.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/local_generator.h"
 #include "worker/model/transformer.h"
@@ -691,6 +693,176 @@ TEST_F(CudaModelTest, SeededArRunOnTheDeviceEqualsHostSampling) {
       want.push_back(next);
     }
     EXPECT_EQ(got->tokens, want);
+  }
+}
+
+// Device verification of drafts (sample requests with drafts; kernels/cuda/verify.cuh) against
+// worker/sampling VerifyDraft on the same device logits, over multi-output extends mixing
+// greedy and sampled rows, drafts that are the row's argmax, random drafts and plain samples:
+// greedy rows exactly (token and verdict); sampled rows equal except where a draw lies within
+// float rounding of its threshold, which is counted and bounded. Tokens-only runs agree.
+void ExpectDeviceVerificationMatchesTheHost(Transformer& gpu, int steps) {
+  const int vocab = gpu.config().vocab_size;
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  int greedy_rows = 0, sampled_rows = 0, sampled_mismatches = 0, accepted = 0, rejected = 0;
+  std::vector<float> scratch;
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE(step);
+    KvCache ref_kv(gpu.KvOptions(1024, 16)), both_kv(gpu.KvOptions(1024, 16)),
+        only_kv(gpu.KvOptions(1024, 16));
+    Runner ref{&gpu, &ref_kv}, both{&gpu, &both_kv}, only{&gpu, &only_kv};
+    const int n = 48;
+    std::vector<int32_t> tokens(n);
+    for (auto& t : tokens) t = token(rng);
+    const std::vector<int32_t> positions = Iota(0, n), outputs = Iota(8, n - 8);
+    const Extend plain{.seq = 1, .tokens = tokens, .positions = positions, .outputs = outputs};
+    auto reference = ref.Run({plain});
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    std::vector<SampleRequest> samples;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      SampleRequest r = MixedRequest(static_cast<int>(i), step);
+      const std::span<const float> row((*reference)[0].logits.data() + i * vocab, vocab);
+      switch (i % 3) {
+        case 0:
+          r.draft = Argmax(row);
+          break;
+        case 1:
+          r.draft = token(rng);
+          break;
+        default:
+          break;  // a plain sample, as a run's bonus row
+      }
+      samples.push_back(r);
+    }
+    Extend x = plain;
+    x.samples = samples;
+    auto got = both.Run({x});
+    x.return_logits = false;
+    auto alone = only.Run({x});
+    ASSERT_TRUE(got.ok() && alone.ok()) << got.status() << alone.status();
+    const ExtendOutput& out = (*got)[0];
+    ASSERT_EQ(out.tokens.size(), samples.size());
+    ASSERT_EQ(out.accepted.size(), samples.size());
+    ASSERT_EQ(out.logits.size(), samples.size() * vocab);
+    EXPECT_TRUE((*alone)[0].logits.empty());
+    EXPECT_EQ((*alone)[0].tokens, out.tokens);
+    EXPECT_EQ((*alone)[0].accepted, out.accepted);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const std::span<const float> row(out.logits.data() + i * vocab, vocab);
+      const SampleRequest& r = samples[i];
+      bool ok = true;
+      const int32_t want = r.draft >= 0
+                               ? VerifyDraft(row, r.draft, r.params, r.position, &ok, &scratch)
+                               : SampleToken(row, r.params, r.position, r.purpose);
+      if (r.draft >= 0) (ok ? accepted : rejected) += 1;
+      if (r.params.greedy()) {
+        ++greedy_rows;
+        EXPECT_EQ(out.tokens[i], want) << "row " << i;
+        EXPECT_EQ(out.accepted[i], ok ? 1 : 0) << "row " << i;
+      } else {
+        ++sampled_rows;
+        sampled_mismatches += out.tokens[i] != want || out.accepted[i] != (ok ? 1 : 0);
+      }
+    }
+  }
+  EXPECT_GT(greedy_rows, 0);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected, 0);
+  EXPECT_LE(sampled_mismatches, std::max(1, sampled_rows / 100))
+      << sampled_mismatches << " of " << sampled_rows << " sampled rows differ";
+}
+
+TEST_F(CudaModelTest, DeviceVerificationMatchesTheHost) {
+  {
+    SCOPED_TRACE("tiny");
+    ModelConfig config = TinyConfig(false);
+    config.vocab_size = 4099;
+    auto gpu = Transformer::FromWeights(config, RandomWeights(config, 5, 0.2f));
+    ASSERT_TRUE(gpu->UseDevice({.device = Device::kCuda, .cuda_graphs = false}).ok());
+    ExpectDeviceVerificationMatchesTheHost(*gpu, 8);
+  }
+  const std::string dir = kModels + "tandem-target";
+  if (!std::filesystem::exists(dir + "/config.json")) return;
+  SCOPED_TRACE("tandem-target");
+  auto gpu = Transformer::Load(dir);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_TRUE((*gpu)->UseDevice({.device = Device::kCuda}).ok());
+  ExpectDeviceVerificationMatchesTheHost(**gpu, 4);
+}
+
+// Runs SpecMode with its plans as made (the model verifies the drafts) or with the sample
+// requests dropped and the logits downloaded (the host verifies them).
+class HostVerifiedSpec : public DecodingMode {
+ public:
+  explicit HostVerifiedSpec(std::unique_ptr<DecodingMode> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  bool lossless() const override { return inner_->lossless(); }
+  StepPlan Plan(const DecodeState& state) override {
+    StepPlan plan = inner_->Plan(state);
+    plan.samples.clear();
+    plan.return_logits = true;
+    return plan;
+  }
+  absl::StatusOr<StepResult> Consume(const DecodeState& state, const StepPlan& plan,
+                                     const ExtendOutput& out) override {
+    return inner_->Consume(state, plan, out);
+  }
+
+ private:
+  std::unique_ptr<DecodingMode> inner_;
+};
+
+// spec on the bundled target with device verification: greedy output equals AR's; seeded
+// output equals the same run verified on the host over the downloaded logits.
+TEST_F(CudaModelTest, SpecWithDeviceVerificationMatchesArAndHostVerification) {
+  const std::string dir = kModels + "tandem-target";
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no bundled target";
+  auto target = Transformer::Load(dir);
+  ASSERT_TRUE(target.ok()) << target.status();
+  ASSERT_TRUE((*target)->UseDevice({.device = Device::kCuda}).ok());
+  const std::string drafter_dir = kModels + "tandem-drafter";
+  absl::StatusOr<std::unique_ptr<Transformer>> drafter =
+      std::filesystem::exists(drafter_dir + "/config.json")
+          ? Transformer::Load(drafter_dir)
+          : absl::StatusOr<std::unique_ptr<Transformer>>(absl::NotFoundError("no drafter"));
+  if (drafter.ok()) {
+    ASSERT_TRUE((*drafter)->UseDevice({.device = Device::kCuda}).ok());
+  }
+  Transformer& model = **target;
+  Transformer& draft_model = drafter.ok() ? **drafter : model;
+  const int vocab = model.config().vocab_size;
+  const int context = model.config().max_position_embeddings;
+  auto spec = [&] {
+    return std::make_unique<SpecMode>(4, std::make_unique<InProcessArDrafter>(&draft_model, 1024),
+                                      vocab, context);
+  };
+  auto run = [&](DecodingMode& mode, const SamplingParams& sampling) {
+    RunOptions options;
+    options.max_tokens = 32;
+    options.sampling = sampling;
+    KvCache kv(model.KvOptions(1024, 16));
+    return RunSequence(model, kv, 1, mode, std::vector<int32_t>{785, 6722, 315, 9625, 374},
+                       options);
+  };
+  ArMode ar(vocab);
+  auto want = run(ar, {});
+  auto device_spec = spec();
+  auto got = run(*device_spec, {});
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+  EXPECT_EQ(got->tokens, want->tokens);
+  EXPECT_GT(got->drafted, 0);
+  for (const SamplingParams& params :
+       {SamplingParams{.temperature = 0.8f, .seed = 3},
+        SamplingParams{.temperature = 1.0f, .top_k = 50, .top_p = 0.9f, .seed = 11}}) {
+    SCOPED_TRACE(params.seed);
+    auto on_device = spec();
+    HostVerifiedSpec on_host(spec());
+    auto device_run = run(*on_device, params);
+    auto host_run = run(on_host, params);
+    ASSERT_TRUE(device_run.ok() && host_run.ok()) << device_run.status() << host_run.status();
+    EXPECT_EQ(device_run->tokens, host_run->tokens);
+    EXPECT_EQ(device_run->accepted, host_run->accepted);
   }
 }
 

@@ -401,6 +401,94 @@ TEST_P(TransformerTest, SampleRequestsGiveTheHostSamplersTokens) {
   EXPECT_GT(differs_from_argmax, 0);
 }
 
+// Requests with a draft verify it on the model: each row's token and flag are exactly
+// VerifyDraft's over the row's logits (greedy and sampled rows; drafts both the row's argmax
+// and other tokens, so that both verdicts occur), mixed with plain samples in one batch.
+TEST_P(TransformerTest, DraftRequestsGiveVerifyDraftsVerdicts) {
+  const std::vector<std::vector<SampleRequest>> none(3);
+  const std::vector<ExtendOutput> plain = RunSampledBatch(*model_, none, true);
+  ASSERT_EQ(plain.size(), 3u);
+  const size_t vocab = config_.vocab_size;
+  auto row = [&](size_t e, size_t i) {
+    return std::span<const float>(plain[e].logits.data() + i * vocab, vocab);
+  };
+  const SamplingParams greedy;
+  const SamplingParams hot{.temperature = 1.5f, .seed = 21};
+  const SamplingParams top_k{.temperature = 0.7f, .top_k = 3, .seed = 5};
+  const SamplingParams top_p{.temperature = 1.0f, .top_p = 0.9f, .seed = 77};
+  const int32_t other = 13;  // a draft for the sampled rows, accepted or not by chance
+  // A greedy row's draft that is not its argmax, so rejected.
+  const int32_t wrong = (Argmax(row(0, 1)) + 1) % static_cast<int32_t>(vocab);
+  std::vector<std::vector<SampleRequest>> samples = {
+      {{.params = greedy, .position = 6, .draft = Argmax(row(0, 0))},
+       {.params = greedy, .position = 7, .draft = wrong}},
+      {{.params = hot, .position = 4, .draft = Argmax(row(1, 0))}},
+      {{.params = top_k, .position = 3, .draft = other},
+       {.params = top_p, .position = 4},  // a plain sample (the bonus row)
+       {.params = hot, .position = 5, .draft = other}}};
+  const std::vector<ExtendOutput> both = RunSampledBatch(*model_, samples, true);
+  const std::vector<ExtendOutput> only = RunSampledBatch(*model_, samples, false);
+  int accepted = 0, rejected = 0;
+  std::vector<float> scratch;
+  for (size_t e = 0; e < samples.size(); ++e) {
+    SCOPED_TRACE(e);
+    EXPECT_EQ(both[e].logits, plain[e].logits);
+    EXPECT_TRUE(only[e].logits.empty());
+    ASSERT_EQ(only[e].tokens.size(), samples[e].size());
+    ASSERT_EQ(only[e].accepted.size(), samples[e].size());
+    EXPECT_EQ(both[e].tokens, only[e].tokens);
+    EXPECT_EQ(both[e].accepted, only[e].accepted);
+    for (size_t i = 0; i < samples[e].size(); ++i) {
+      const SampleRequest& r = samples[e][i];
+      if (r.draft < 0) {
+        EXPECT_EQ(only[e].tokens[i], SampleToken(row(e, i), r.params, r.position)) << i;
+        EXPECT_EQ(only[e].accepted[i], 1) << i;
+        continue;
+      }
+      bool ok = false;
+      const int32_t want = VerifyDraft(row(e, i), r.draft, r.params, r.position, &ok, &scratch);
+      EXPECT_EQ(only[e].tokens[i], want) << "row " << i;
+      EXPECT_EQ(only[e].accepted[i], ok ? 1 : 0) << "row " << i;
+      if (ok) {
+        EXPECT_EQ(want, r.draft);
+        ++accepted;
+      } else {
+        EXPECT_NE(want, r.draft);
+        ++rejected;
+      }
+    }
+  }
+  // Greedy rows settle both ways by construction: the argmax draft is accepted, `wrong` not.
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected, 0);
+}
+
+TEST_P(TransformerTest, DraftsOutsideTheVocabularyAreRejected) {
+  ASSERT_TRUE(kv_->AddSequence(3).ok());
+  ASSERT_TRUE(kv_->Reserve(3, 3).has_value());
+  const std::vector<int32_t> tokens = {1, 2, 3}, positions = {0, 1, 2}, outputs = {1, 2};
+  for (const int32_t draft : {config_.vocab_size, -2}) {
+    SCOPED_TRACE(draft);
+    std::vector<SampleRequest> requests(2);
+    requests[0].draft = draft;
+    Extend x{.seq = 3,
+             .tokens = tokens,
+             .positions = positions,
+             .outputs = outputs,
+             .samples = requests,
+             .return_logits = false};
+    const absl::Status status = model_->Forward({&x, 1}, *kv_).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("draft token"), std::string::npos) << status;
+  }
+  // The cache is untouched by the rejected extends: a valid one still runs.
+  std::vector<SampleRequest> valid(2);
+  valid[0].draft = config_.vocab_size - 1;
+  Extend x{
+      .seq = 3, .tokens = tokens, .positions = positions, .outputs = outputs, .samples = valid};
+  EXPECT_TRUE(model_->Forward({&x, 1}, *kv_).ok());
+}
+
 TEST_P(TransformerTest, MalformedSampleRequestsAreRejected) {
   ASSERT_TRUE(kv_->AddSequence(3).ok());
   ASSERT_TRUE(kv_->Reserve(3, 3).has_value());

@@ -297,19 +297,35 @@ absl::Status CudaTransformer::Reserve(StepBuffers& b, const StepInputs& in,
   return absl::OkStatus();
 }
 
-absl::Status CudaTransformer::Upload(StepBuffers& b, const StepInputs& in) const {
-  TANDEM_RETURN_IF_ERROR(b.ids.UploadAsync(in.ids.data(), in.ids.size(), stream_));
-  TANDEM_RETURN_IF_ERROR(
-      b.positions.UploadAsync(in.positions.data(), in.positions.size(), stream_));
-  TANDEM_RETURN_IF_ERROR(b.slots.UploadAsync(in.slots.data(), in.slots.size(), stream_));
-  TANDEM_RETURN_IF_ERROR(b.gate.UploadAsync(in.gate.data(), in.gate.size(), stream_));
-  TANDEM_RETURN_IF_ERROR(b.tables.UploadAsync(in.tables.data(), in.tables.size(), stream_));
-  TANDEM_RETURN_IF_ERROR(b.extends.UploadAsync(in.extends.data(), in.extends.size(), stream_));
-  TANDEM_RETURN_IF_ERROR(b.masks.UploadAsync(in.masks.data(), in.masks.size(), stream_));
-  TANDEM_RETURN_IF_ERROR(b.out_rows.UploadAsync(in.out_rows.data(), in.out_rows.size(), stream_));
+template <typename T>
+absl::Status CudaTransformer::StageUpload(DeviceArray<T>& dst, const T* host, size_t count) {
+  if (count == 0) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(const void* staged, staging_.Stage(host, count * sizeof(T)));
+  staging_in_flight_ = true;
+  return dst.UploadAsync(static_cast<const T*>(staged), count, stream_);
+}
+
+absl::Status CudaTransformer::BeginStaging() {
+  // Only a step that failed before Collect's synchronisation can leave copies in flight.
+  if (staging_in_flight_) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    staging_in_flight_ = false;
+  }
+  return staging_.Reset();
+}
+
+absl::Status CudaTransformer::Upload(StepBuffers& b, const StepInputs& in) {
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.ids, in.ids.data(), in.ids.size()));
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.positions, in.positions.data(), in.positions.size()));
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.slots, in.slots.data(), in.slots.size()));
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.gate, in.gate.data(), in.gate.size()));
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.tables, in.tables.data(), in.tables.size()));
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.extends, in.extends.data(), in.extends.size()));
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.masks, in.masks.data(), in.masks.size()));
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.out_rows, in.out_rows.data(), in.out_rows.size()));
   std::vector<float> freq;
   for (const auto& f : in.inv_freq) freq.insert(freq.end(), f.begin(), f.end());
-  TANDEM_RETURN_IF_ERROR(b.inv_freq.UploadAsync(freq.data(), freq.size(), stream_));
+  TANDEM_RETURN_IF_ERROR(StageUpload(b.inv_freq, freq.data(), freq.size()));
   return absl::OkStatus();
 }
 
@@ -562,25 +578,30 @@ absl::Status CudaTransformer::Collect(std::span<const Extend> batch, const float
   const int vocab = model_->config().vocab_size;
   // The sampled span of output rows: [first, last), every row in it gets a setting.
   int rows = 0, first = -1, last = -1;
+  bool verify = false;  // some request has a draft: the verifier runs over the span
   for (const Extend& x : batch) {
     const int k = static_cast<int>(x.outputs.size());
     if (!x.samples.empty() && k > 0) {
       if (first < 0) first = rows;
       last = rows + k;
+      for (const SampleRequest& q : x.samples) verify = verify || q.draft >= 0;
     }
     rows += k;
   }
-  std::vector<kcu::SamplingRow> settings;
   std::vector<int32_t> tokens;
+  std::vector<uint8_t> accepted;
   if (first >= 0) {
-    settings.resize(last - first);  // default: greedy, for rows without a request
-    int row = 0;
+    const int span = last - first;
+    // Default: greedy, no draft, for rows without a request (their results are dropped).
+    std::vector<kcu::VerifyRow> settings(span);
+    int row = 0, sampled = 0;
     for (const Extend& x : batch) {
       for (size_t i = 0; i < x.samples.size(); ++i) {
         const int r = row + static_cast<int>(i);
         if (r < first || r >= last) continue;
         const SampleRequest& q = x.samples[i];
-        kcu::SamplingRow& s = settings[r - first];
+        kcu::VerifyRow& v = settings[r - first];
+        kcu::SamplingRow& s = v.sampling;
         s.temperature = q.params.temperature;
         s.top_k = q.params.top_k;
         s.top_p = q.params.top_p;
@@ -588,25 +609,57 @@ absl::Status CudaTransformer::Collect(std::span<const Extend> batch, const float
         s.seed = q.params.seed;
         s.position = q.position;
         s.purpose = static_cast<uint32_t>(q.purpose);
+        // Only sampled rows need a vocabulary-sized workspace row; greedy rows (the kernels'
+        // test is the host's, temperature <= 0) take an argmax and none.
+        if (!q.params.greedy()) s.workspace_row = sampled++;
+        v.draft = q.draft;
       }
       row += static_cast<int>(x.outputs.size());
     }
-    kcu::SamplingParams p;
-    p.logits = logits + static_cast<size_t>(first) * vocab;
-    p.logits_stride = vocab;
-    p.rows = last - first;
-    p.vocab = vocab;
-    const size_t workspace = kcu::WorkspaceBytes(p);
-    TANDEM_RETURN_IF_ERROR(sampling_.rows.Reserve(settings.size()));
-    TANDEM_RETURN_IF_ERROR(sampling_.tokens.Reserve(settings.size()));
-    TANDEM_RETURN_IF_ERROR(sampling_.workspace.Reserve(workspace));
-    TANDEM_RETURN_IF_ERROR(sampling_.rows.UploadAsync(settings.data(), settings.size(), stream_));
-    p.rows_params = sampling_.rows.get();
-    p.tokens = sampling_.tokens.get();
-    p.workspace = sampling_.workspace.get();
-    p.workspace_bytes = sampling_.workspace.bytes();
-    TANDEM_RETURN_IF_ERROR(kcu::Invoke(p, stream_));
-    tokens.resize(settings.size());
+    TANDEM_RETURN_IF_ERROR(sampling_.tokens.Reserve(span));
+    const float* span_logits = logits + static_cast<size_t>(first) * vocab;
+    if (verify) {
+      kcu::VerifyParams p;
+      p.logits = span_logits;
+      p.logits_stride = vocab;
+      p.rows = span;
+      p.vocab = vocab;
+      p.workspace_rows = sampled;
+      const size_t workspace = kcu::WorkspaceBytes(p);
+      TANDEM_RETURN_IF_ERROR(sampling_.verify_rows.Reserve(span));
+      TANDEM_RETURN_IF_ERROR(sampling_.accepted.Reserve(span));
+      TANDEM_RETURN_IF_ERROR(sampling_.workspace.Reserve(workspace));
+      TANDEM_RETURN_IF_ERROR(StageUpload(sampling_.verify_rows, settings.data(), settings.size()));
+      p.rows_params = sampling_.verify_rows.get();
+      p.tokens = sampling_.tokens.get();
+      p.accepted = sampling_.accepted.get();
+      p.workspace = sampling_.workspace.get();
+      p.workspace_bytes = sampling_.workspace.bytes();
+      TANDEM_RETURN_IF_ERROR(kcu::Invoke(p, stream_));
+      accepted.resize(span);
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(accepted.data(), sampling_.accepted.get(),
+                                                  accepted.size(), cudaMemcpyDeviceToHost,
+                                                  stream_));
+    } else {
+      std::vector<kcu::SamplingRow> plain(span);
+      for (int r = 0; r < span; ++r) plain[r] = settings[r].sampling;
+      kcu::SamplingParams p;
+      p.logits = span_logits;
+      p.logits_stride = vocab;
+      p.rows = span;
+      p.vocab = vocab;
+      p.workspace_rows = sampled;
+      const size_t workspace = kcu::WorkspaceBytes(p);
+      TANDEM_RETURN_IF_ERROR(sampling_.rows.Reserve(span));
+      TANDEM_RETURN_IF_ERROR(sampling_.workspace.Reserve(workspace));
+      TANDEM_RETURN_IF_ERROR(StageUpload(sampling_.rows, plain.data(), plain.size()));
+      p.rows_params = sampling_.rows.get();
+      p.tokens = sampling_.tokens.get();
+      p.workspace = sampling_.workspace.get();
+      p.workspace_bytes = sampling_.workspace.bytes();
+      TANDEM_RETURN_IF_ERROR(kcu::Invoke(p, stream_));
+    }
+    tokens.resize(span);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens.data(), sampling_.tokens.get(),
                                                 tokens.size() * sizeof(int32_t),
                                                 cudaMemcpyDeviceToHost, stream_));
@@ -644,6 +697,8 @@ absl::Status CudaTransformer::Collect(std::span<const Extend> batch, const float
                         dst.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  // Every copy of this step has completed: the staging arena is free for the next.
+  staging_in_flight_ = false;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (staged[i].empty()) continue;
     size_t offset = 0;
@@ -657,8 +712,14 @@ absl::Status CudaTransformer::Collect(std::span<const Extend> batch, const float
   for (size_t e = 0; e < batch.size(); ++e) {
     const Extend& x = batch[e];
     if (!x.samples.empty()) {
-      outputs[e].tokens.assign(tokens.begin() + (row - first),
-                               tokens.begin() + (row - first) + static_cast<int>(x.outputs.size()));
+      const int k = static_cast<int>(x.outputs.size());
+      outputs[e].tokens.assign(tokens.begin() + (row - first), tokens.begin() + (row - first) + k);
+      if (verify) {
+        outputs[e].accepted.assign(accepted.begin() + (row - first),
+                                   accepted.begin() + (row - first) + k);
+      } else {
+        outputs[e].accepted.assign(k, 1);
+      }
     }
     row += static_cast<int>(x.outputs.size());
   }
@@ -767,6 +828,7 @@ absl::StatusOr<std::vector<ExtendOutput>> CudaTransformer::Forward(std::span<con
   TANDEM_RETURN_IF_ERROR(storage->status());
   if (lora_dirty_) TANDEM_RETURN_IF_ERROR(UploadLora());
   TANDEM_RETURN_IF_ERROR(storage->Flush());
+  TANDEM_RETURN_IF_ERROR(BeginStaging());
   StepInputs in = Plan(batch, kv);
   if (in.tokens == 0) return std::vector<ExtendOutput>(batch.size());
   if (DecodeStep(batch)) return RunGraph(batch, std::move(in), *storage);

@@ -19,8 +19,14 @@
 //     device logits after the forward (after the graph replay on the graph path: the graphs
 //     hold the forward only, and the per-row settings are uploaded for each launch), over the
 //     output rows from the first sampled row to the last (rows in between without a request
-//     get a greedy setting and their token is dropped); only the token ids come back. Logits
-//     are downloaded only for the extends with return_logits, each straight into its output.
+//     get a greedy setting and their token is dropped); only the token ids come back. When a
+//     request carries a draft the kernels/cuda verifier runs over that span instead (plain
+//     requests are its draft-less rows) and the accepted flags come back with the tokens. The
+//     vocabulary-sized workspace has a row per non-greedy request only (greedy rows take an
+//     argmax in place). Logits are downloaded only for the extends with return_logits, each
+//     straight into its output.
+//   - Uploads: every per-step host-to-device copy is staged in page-locked memory (see
+//     staging_), so the copies are truly asynchronous.
 //   - CUDA graphs: a decode step (every extend one token that sees itself, one output, no LoRA
 //     gate, no hidden taps, static RoPE) runs as a graph captured per (batch-size bucket,
 //     attention splits), buckets kGraphBuckets extends; the batch is padded to its bucket
@@ -47,9 +53,11 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/sampling.cuh"
+#include "kernels/cuda/verify.cuh"
 #include "worker/model/backend.h"
 #include "worker/model/cuda/cuda_kv_storage.h"
 #include "worker/model/cuda/device_array.h"
+#include "worker/model/cuda/pinned_staging.h"
 #include "worker/model/device.h"
 
 namespace tandem {
@@ -131,12 +139,14 @@ class CudaTransformer final : public ModelBackend {
     int token_capacity = 0;  // rows of the activation buffers
   };
 
-  // The device sampler's buffers, shared by the eager and graph paths (sampling runs outside
-  // the graphs).
+  // The device sampler's and verifier's buffers, shared by the eager and graph paths (they run
+  // outside the graphs).
   struct SampleBuffers {
-    cuda_backend::DeviceArray<kernels::cuda::SamplingRow> rows;  // [sampled rows]
-    cuda_backend::DeviceArray<int32_t> tokens;                   // [sampled rows]
-    cuda_backend::DeviceArray<char> workspace;                   // [sampled rows, vocab] fp32
+    cuda_backend::DeviceArray<kernels::cuda::SamplingRow> rows;       // [span rows]
+    cuda_backend::DeviceArray<kernels::cuda::VerifyRow> verify_rows;  // [span rows]
+    cuda_backend::DeviceArray<int32_t> tokens;                        // [span rows]
+    cuda_backend::DeviceArray<uint8_t> accepted;                      // [span rows]
+    cuda_backend::DeviceArray<char> workspace;  // [non-greedy rows, vocab] fp32
   };
 
   CudaTransformer(const Transformer* model, const DeviceOptions& options);
@@ -146,7 +156,13 @@ class CudaTransformer final : public ModelBackend {
   StepInputs Plan(std::span<const Extend> batch, const KvCache& kv) const;
   bool DecodeStep(std::span<const Extend> batch) const;
   absl::Status Reserve(StepBuffers& b, const StepInputs& in, size_t workspace_bytes) const;
-  absl::Status Upload(StepBuffers& b, const StepInputs& in) const;
+  absl::Status Upload(StepBuffers& b, const StepInputs& in);
+  // Enqueues the upload of `count` elements of `host` into `dst` (count <= dst.size()) through
+  // the step's page-locked staging; `host` may change once this returns.
+  template <typename T>
+  absl::Status StageUpload(cuda_backend::DeviceArray<T>& dst, const T* host, size_t count);
+  // Rewinds the staging arena for a new step (see staging_).
+  absl::Status BeginStaging();
   kernels::cuda::PagedAttentionParams AttentionParams(const StepBuffers& b, const StepInputs& in,
                                                       const cuda_backend::CudaKvStorage& kv,
                                                       int splits) const;
@@ -168,8 +184,9 @@ class CudaTransformer final : public ModelBackend {
                                                      cuda_backend::CudaKvStorage& kv);
   void DropGraphs();
   // After a forward whose output rows' fp32 logits are `logits` ([rows, vocab] on the device,
-  // extends' rows in batch order): samples the rows that have requests, downloads their tokens
-  // and the logits of the extends with return_logits into `outputs`, and waits for the stream.
+  // extends' rows in batch order): samples (or, for requests with drafts, verifies) the rows
+  // that have requests, downloads their tokens (and accepted flags) and the logits of the
+  // extends with return_logits into `outputs`, and waits for the stream.
   absl::Status Collect(std::span<const Extend> batch, const float* logits,
                        std::vector<ExtendOutput>& outputs);
 
@@ -191,6 +208,16 @@ class CudaTransformer final : public ModelBackend {
   bool has_lora_ = false;
 
   SampleBuffers sampling_;
+  // Page-locked staging of every per-step host-to-device copy (inputs, block tables, masks,
+  // sampling settings), so cudaMemcpyAsync really is asynchronous. One arena serves every step:
+  // Collect ends each step with a stream synchronisation, after which no copy of that step is in
+  // flight, so the next step may rewrite the arena. The graph path is no different: its uploads
+  // are stream-ordered copies into the graphs' fixed device buffers made before the launch, and
+  // the graphs themselves never read host memory. A step that fails after staging and before
+  // that synchronisation leaves staging_in_flight_ set, and BeginStaging then waits for the
+  // stream before reusing the arena.
+  cuda_backend::PinnedStaging staging_;
+  bool staging_in_flight_ = false;
   StepBuffers eager_;
   StepBuffers graph_buffers_;      // fixed while graphs exist
   int graph_table_width_ = 0;      // block table entries per extend in graph_buffers_
