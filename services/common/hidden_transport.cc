@@ -216,6 +216,11 @@ absl::StatusOr<std::unique_ptr<HiddenReceiver>> StartHiddenNcclReceiver(
   return NoNccl();
 }
 
+absl::StatusOr<DeviceHiddenSink> NewDeviceHiddenSink() {
+  return absl::FailedPreconditionError(
+      "this binary is built without CUDA: hidden states cannot stay on a GPU");
+}
+
 #endif
 
 }  // namespace tandem

@@ -132,18 +132,38 @@ struct DeviceHiddenRows {
   int offset = 0;
   const void* bf16 = nullptr;  // device memory, [layers, tokens, hidden_size] bfloat16
   void* stream = nullptr;      // the cudaStream_t on which `bf16` is ready
+  int device = 0;              // the CUDA device `bf16` is on
 };
+
+// Receiver: sees every payload on the device (valid until it returns) before the copy to the
+// host. A payload it returns replaces that copy: the message's callback gets the shape with the
+// payload as HiddenRows::device (and empty bf16). Null leaves the payload to the host path.
+using DeviceHiddenSinkFn =
+    std::function<std::shared_ptr<const DeviceHiddenPayload>(const DeviceHiddenRows&)>;
 
 // Settings of one NCCL endpoint.
 struct NcclHiddenOptions {
   int device = 0;
   double setup_timeout_seconds = 60;     // communicator init and the warm-up transfer
   double transfer_timeout_seconds = 10;  // one payload, from the moment this side issued it
-  // Receiver: when set, sees every payload on the device (valid until it returns) before the
-  // copy to the host; returning true means it took the rows, and the message's callback then
-  // gets their shape with no host copy (empty bf16). For a drafter that runs on the GPU.
-  std::function<bool(const DeviceHiddenRows&)> device_sink;
+  // Receiver: for a drafter whose model runs on the receiver's GPU (see DeviceHiddenSinkFn).
+  DeviceHiddenSinkFn device_sink;
 };
+
+// A device sink for a drafter whose model runs on CUDA device `device`.
+struct DeviceHiddenSink {
+  int device = -1;
+  DeviceHiddenSinkFn take;  // empty: none
+};
+
+// The sink of a drafter whose DFlash model runs on the current CUDA device: each payload is
+// copied device to device, in order on the receiver's stream, into a buffer of a pool the sink
+// owns, and an event recorded there marks it ready; the payload handed on (HiddenRows::device)
+// gives the buffer back to the pool when dropped, and the pool reuses it only after the reads
+// queued through DeviceHiddenPayload::Read have run (buffers still held keep the pool alive).
+// Payloads on another GPU are refused (host path). FailedPrecondition in a build without CUDA,
+// or when no CUDA device is usable.
+absl::StatusOr<DeviceHiddenSink> NewDeviceHiddenSink();
 
 class NcclPeerLink {
  public:

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -542,8 +543,8 @@ class NcclReceiver final : public HiddenReceiver {
     }
   }
 
-  // Receives one payload of `shape` into the device buffer, offers it to the device sink, and
-  // copies it into host rows.
+  // Receives one payload of `shape` into the device buffer and offers it to the device sink;
+  // what the sink does not take is copied into host rows.
   absl::StatusOr<HiddenRows> Land(Link& link, Staging& staging, HiddenRows shape) {
     if (shape.layers < 0 || shape.tokens < 0 || shape.hidden_size < 0) {
       return absl::InvalidArgumentError(
@@ -561,14 +562,19 @@ class NcclReceiver final : public HiddenReceiver {
         !s.ok()) {
       return absl::UnavailableError(absl::StrCat("receiving hidden states: ", s.message()));
     }
-    if (options_.device_sink &&
-        options_.device_sink(DeviceHiddenRows{.layers = shape.layers,
-                                              .tokens = shape.tokens,
-                                              .hidden_size = shape.hidden_size,
-                                              .offset = shape.offset,
-                                              .bf16 = staging.device(),
-                                              .stream = link.stream()})) {
-      return shape;
+    if (options_.device_sink) {
+      std::shared_ptr<const DeviceHiddenPayload> taken =
+          options_.device_sink(DeviceHiddenRows{.layers = shape.layers,
+                                                .tokens = shape.tokens,
+                                                .hidden_size = shape.hidden_size,
+                                                .offset = shape.offset,
+                                                .bf16 = staging.device(),
+                                                .stream = link.stream(),
+                                                .device = options_.device});
+      if (taken != nullptr) {
+        shape.device = std::move(taken);
+        return shape;
+      }
     }
     if (absl::Status s = CudaError(cudaMemcpyAsync(staging.host(), staging.device(), bytes,
                                                    cudaMemcpyDeviceToHost, link.stream()),

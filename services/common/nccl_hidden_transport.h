@@ -7,10 +7,10 @@
 //     through pinned host memory into a device buffer (cudaMemcpyAsync) and ncclSends it on the
 //     endpoint's CUDA stream, one payload after the other, in Encode order.
 //   - receiver (drafter): Receive queues messages in stream order; the thread ncclRecvs each NCCL
-//     payload into a device buffer (where a device consumer may take it, see
-//     NcclHiddenOptions::device_sink), copies it back into host HiddenRows and runs the
-//     messages' callbacks in order. Bytes messages that arrive with nothing pending are
-//     delivered inline.
+//     payload into a device buffer (where a drafter on the same GPU takes it as
+//     HiddenRows::device, see NcclHiddenOptions::device_sink; otherwise it is copied back into
+//     host HiddenRows) and runs the messages' callbacks in order. Bytes messages that arrive with
+//     nothing pending are delivered inline.
 // Every wait polls ncclCommGetAsyncError against a deadline: a peer that vanished, or a payload
 // that never comes, aborts the communicator (ncclCommAbort) instead of hanging; from then on the
 // endpoint reports the failure and NCCL payloads fail (the sender falls back to bytes).

@@ -220,6 +220,15 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
     if (local.nccl) {
       NcclHiddenOptions nccl = options_.nccl;
       nccl.device = std::max(local.device, 0);
+      if (options_.device_sink.take) {
+        if (options_.device_sink.device == nccl.device) {
+          nccl.device_sink = options_.device_sink.take;
+        } else {
+          Log(absl::StrCat("hidden states received by NCCL on GPU ", nccl.device,
+                           " pass through the host: the DFlash drafter runs on GPU ",
+                           options_.device_sink.device));
+        }
+      }
       // The status callback runs on the receiver's thread, possibly after OnDone: like the
       // engine's chains, it only reaches the stream through the outbox.
       started = StartHiddenNcclReceiver(

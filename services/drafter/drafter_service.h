@@ -7,7 +7,8 @@
 // Hidden states arrive as in-stream bytes, or by NCCL once the verifier set that up on the
 // stream (HiddenTransportSetup; services/common/hidden_transport.h): every message then passes
 // through the stream's HiddenReceiver, which keeps the messages in order while a payload is on
-// its way, and a payload that fails ends its session with an error chain.
+// its way, and a payload that fails ends its session with an error chain. With a device sink
+// (a DFlash drafter on the receiver's GPU) NCCL payloads stay on the GPU.
 //
 // Thread-safety: the service is called by gRPC threads; the engine must outlive the server
 // (shut the server down first).
@@ -34,7 +35,11 @@ struct DrafterServiceOptions {
   // --hidden-transport). The default takes bytes only.
   HiddenTransportEnd hidden_transport{.mode = HiddenTransportMode::kBytes,
                                       .why_not = "this drafter is not set up for NCCL"};
-  NcclHiddenOptions nccl;             // `device` is taken from `hidden_transport`
+  NcclHiddenOptions nccl;  // `device` is taken from `hidden_transport`
+  // For a DFlash drafter on CUDA (NewDeviceHiddenSink): NCCL payloads that land on its GPU go to
+  // the engine as device rows (HiddenRows::device) without a host copy. A stream whose receiver
+  // is on another GPU keeps the host path.
+  DeviceHiddenSink device_sink;
   ServiceMetrics* metrics = nullptr;  // may be null
 };
 

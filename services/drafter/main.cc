@@ -117,10 +117,24 @@ int Run(const std::string& model_dir, const std::string& target_dir,
     }
     tandem::AnnounceMetrics("tandem-drafter", *address);
   }
+  // A DFlash drafter on the GPU takes hidden states received by NCCL straight from GPU memory.
+  tandem::DeviceHiddenSink device_sink;
+  if (dflash_model != nullptr && dflash_model->device() == tandem::Device::kCuda &&
+      hidden_transport.nccl) {
+    absl::StatusOr<tandem::DeviceHiddenSink> sink = tandem::NewDeviceHiddenSink();
+    if (sink.ok()) {
+      device_sink = *std::move(sink);
+    } else {
+      std::fprintf(stderr,
+                   "tandem-drafter: hidden states received by NCCL pass through the host: %s\n",
+                   std::string(sink.status().message()).c_str());
+    }
+  }
   const std::string worker_id = tandem::MakeWorkerId("drafter");
   tandem::DrafterService service(engine->get(), {.model_id = ModelId(model_dir),
                                                  .worker_id = worker_id,
                                                  .hidden_transport = hidden_transport,
+                                                 .device_sink = std::move(device_sink),
                                                  .metrics = &metrics});
   absl::StatusOr<tandem::RunningServer> server = tandem::StartServer(server_flags, {&service});
   if (!server.ok()) {

@@ -15,7 +15,32 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
+// cudaStream_t is `CUstream_st*`; naming the struct keeps CUDA headers out of this interface.
+struct CUstream_st;
+
 namespace tandem {
+
+// Hidden rows that stayed in GPU memory on their way to the drafter (a GPU-to-GPU transport
+// delivering straight to a drafter whose model runs on that GPU): an owned bf16
+// [layers, tokens, hidden_size] device buffer that becomes ready on the GPU after the copy that
+// fills it. Dropping the last reference hands the buffer back to its owner, which reuses it only
+// after every read issued through Read has run on the GPU.
+//
+// Thread-safety: Read may be called from any thread, one call at a time per payload.
+class DeviceHiddenPayload {
+ public:
+  // Gets the device rows and a stream (a cudaStream_t) on which they are ready; must queue its
+  // reads of the rows on that stream, or order them before the stream's later work (as
+  // DFlashModel::AppendContextDevice does).
+  using Reader = std::function<absl::Status(const void* rows, CUstream_st* stream)>;
+
+  virtual ~DeviceHiddenPayload() = default;
+  // The CUDA device the rows are on.
+  virtual int device() const = 0;
+  // Runs `read` (on the calling thread, without waiting for the GPU) and returns its status, or
+  // the CUDA error that kept it from running.
+  virtual absl::Status Read(const Reader& read) const = 0;
+};
 
 // Draft tokens for sequence indices [from, from + tokens.size()) of one session. A chain whose
 // `from` equals the end of the session's previous chain extends it; any other replaces it. A
@@ -32,13 +57,16 @@ struct DraftChain {
 
 // Target hidden states of consecutive tokens of one session, for drafters conditioned on them
 // (DFlash-style): rows for sequence indices [offset, offset + tokens) of each requested layer,
-// in the order the drafter listed its layers. `tokens == 0` means none.
+// in the order the drafter listed its layers. `tokens == 0` means none. The values are either in
+// `bf16` (host memory) or, on the drafter's side of a GPU-to-GPU transport, in `device` (then
+// `bf16` is empty).
 struct HiddenRows {
   int layers = 0;
   int tokens = 0;
   int hidden_size = 0;
   int offset = 0;
   std::vector<uint16_t> bf16;  // [layers, tokens, hidden_size] bfloat16 bits
+  std::shared_ptr<const DeviceHiddenPayload> device;
 
   bool empty() const { return tokens == 0; }
 };

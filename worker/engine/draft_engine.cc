@@ -203,7 +203,10 @@ class DraftEngine::Loop {
   // it will hold `length` tokens.
   absl::Status CheckHidden(uint64_t id, const HiddenRows& hidden, int rows, int hidden_size,
                            int length) const {
-    if (hidden.tokens == 0 && hidden.layers == 0 && hidden.bf16.empty()) return absl::OkStatus();
+    if (hidden.tokens == 0 && hidden.layers == 0 && hidden.bf16.empty() &&
+        hidden.device == nullptr) {
+      return absl::OkStatus();
+    }
     const int want_layers = static_cast<int>(options_.hidden_layers.size());
     if (want_layers == 0) {
       return absl::InvalidArgumentError(
@@ -218,7 +221,25 @@ class DraftEngine::Loop {
           " layers and the other two must be positive"));
     }
     const int64_t values = int64_t{hidden.layers} * hidden.tokens * hidden.hidden_size;
-    if (static_cast<int64_t>(hidden.bf16.size()) != values) {
+    if (hidden.device != nullptr) {
+      // Rows in GPU memory: only a DFlash drafter on the GPU can take them (the transport hands
+      // them on only to one).
+      if (options_.dflash == nullptr || options_.dflash->device() != Device::kCuda) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "session ", id, " got target hidden states in GPU memory (device ",
+            hidden.device->device(), "), but this drafter's ",
+            options_.dflash == nullptr
+                ? "AR draft model"
+                : absl::StrCat("DFlash model runs on the ",
+                               std::string(DeviceName(options_.dflash->device())), " and"),
+            " cannot read them; only a DFlash drafter on the GPU takes hidden states there"));
+      }
+      if (!hidden.bf16.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("session ", id, " got hidden states both in GPU memory and as ",
+                         hidden.bf16.size(), " host values"));
+      }
+    } else if (static_cast<int64_t>(hidden.bf16.size()) != values) {
       return absl::InvalidArgumentError(absl::StrCat(
           "session ", id, " sent ", hidden.bf16.size(), " bf16 values for hidden states of shape [",
           hidden.layers, ", ", hidden.tokens, ", ", hidden.hidden_size, "], which need ", values));
@@ -308,7 +329,16 @@ class DraftEngine::Loop {
   // Counts the rows; the DFlash path turns them into the session's context K/V.
   absl::Status RecordHidden(Session& s, const HiddenRows& hidden) {
     if (hidden.tokens <= 0) return absl::OkStatus();
-    if (options_.dflash != nullptr) {
+    if (options_.dflash != nullptr && hidden.device != nullptr) {
+      // Already on the GPU: the model's reads queue behind the rows' readiness, and the payload
+      // goes back to its pool after them when `hidden` is dropped.
+      absl::Status appended = hidden.device->Read([&](const void* rows, CUstream_st* stream) {
+        return options_.dflash->AppendContextDevice(s.dflash, rows, hidden.tokens, stream);
+      });
+      if (!appended.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("session ", s.id, ": ", appended.message()));
+      }
+    } else if (options_.dflash != nullptr) {
       std::vector<float> rows(hidden.bf16.size());
       for (size_t i = 0; i < rows.size(); ++i) rows[i] = Bf16ToFloat(hidden.bf16[i]);
       absl::Status appended = options_.dflash->AppendContext(s.dflash, rows, hidden.tokens);

@@ -24,7 +24,10 @@
 //
 // DFlash: with options.dflash set the engine drafts with that block drafter instead (`model` is
 // then the target, whose embeddings and head it reuses). It asks for the DFlash model's target
-// layers; each session's rows become its context K/V as they arrive. After every Open or
+// layers; each session's rows become its context K/V as they arrive (host rows are converted to
+// fp32 and appended; rows already in GPU memory, HiddenRows::device, go to
+// DFlashModel::AppendContextDevice and need the model on CUDA, else the session ends with a
+// FailedPrecondition error). After every Open or
 // Advance (rows alone included) a session whose tokens without rows number a in
 // [1, max_anchor] gets one block forward and its chain is that block's B - a drafts. More lag
 // gives no chain; when it persists past an Advance that brought tokens (the rows are not coming:

@@ -3,6 +3,7 @@
 // tokens lag the rows by 1 .. max_anchor with one block's drafts (more lag: no chain, and an
 // error once tokens arrive without rows). End to end over loopback gRPC, a verifier engine
 // decoding `spec` against it gives AR's output while the drafter drafts from the rows it sends.
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -102,6 +103,85 @@ TEST(DFlashDraftEngine, DraftsOneBlockFromTheRowsAndNoneWhenTheyLagTooFar) {
   (*engine)->Advance(stream, 4, 6, {1, 2}, 0);
   const absl::Status ended = chains.WaitError(4);
   EXPECT_EQ(ended.code(), absl::StatusCode::kFailedPrecondition) << ended;
+}
+
+// Stands in for rows a GPU-to-GPU transport left in device memory; counts its reads.
+class FakeDevicePayload final : public DeviceHiddenPayload {
+ public:
+  int device() const override { return 0; }
+  absl::Status Read(const Reader& read) const override {
+    ++reads_;
+    return read(nullptr, nullptr);
+  }
+  int reads() const { return reads_; }
+
+ private:
+  mutable std::atomic<int> reads_{0};
+};
+
+HiddenRows DeviceRows(int layers, int offset, int tokens, int hidden_size,
+                      std::shared_ptr<const DeviceHiddenPayload> payload) {
+  return HiddenRows{.layers = layers,
+                    .tokens = tokens,
+                    .hidden_size = hidden_size,
+                    .offset = offset,
+                    .device = std::move(payload)};
+}
+
+TEST(DFlashDraftEngine, RowsInGpuMemoryEndTheSessionOfADrafterOnTheCpu) {
+  std::unique_ptr<Transformer> target = testing::TinyModel(TinyArch::kQwen3, 8);
+  std::unique_ptr<DFlashModel> dflash = testing::TinyDFlash(target.get(), 4, 5);
+  ASSERT_NE(dflash, nullptr);
+  ASSERT_EQ(dflash->device(), Device::kCpu);
+  DraftEngineOptions options;
+  options.dflash = dflash.get();
+  auto engine = DraftEngine::Create(target.get(), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ChainCollector chains;
+  const uint64_t stream = (*engine)->AddStream(chains.Callback());
+  const int layers = static_cast<int>(dflash->config().target_layer_ids.size());
+  const int h = target->config().hidden_size;
+  const std::vector<int32_t> tokens = {3, 14, 15, 92, 65, 35};
+  auto payload = std::make_shared<FakeDevicePayload>();
+
+  // Session 1 (host rows) drafts; session 2 opens with rows in GPU memory and ends at once.
+  (*engine)->Open(stream, 1, tokens, 4, Rows(layers, 0, 5, h));
+  (*engine)->Open(stream, 2, tokens, 4, DeviceRows(layers, 0, 5, h, payload));
+  const absl::Status opened = chains.WaitError(2);
+  EXPECT_EQ(opened.code(), absl::StatusCode::kFailedPrecondition) << opened;
+  EXPECT_NE(opened.message().find("GPU memory"), std::string::npos) << opened;
+  EXPECT_NE(opened.message().find("runs on the cpu"), std::string::npos) << opened;
+  DFlashContext context;
+  ASSERT_TRUE(dflash->AppendContext(context, Floats(Rows(layers, 0, 5, h)), 5).ok());
+  auto want = dflash->Draft(context, std::span(tokens).subspan(5));
+  ASSERT_TRUE(want.ok());
+  auto got = chains.WaitCovered(1, 6, 4);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, *want);
+
+  // Session 3 takes host rows, then device rows on an Advance: it ends; session 1 goes on.
+  (*engine)->Open(stream, 3, tokens, 4, Rows(layers, 0, 4, h));
+  ASSERT_TRUE(chains.WaitCovered(3, 6, 3).has_value());
+  (*engine)->Advance(stream, 3, 6, {1, 2}, 0, DeviceRows(layers, 4, 2, h, payload));
+  const absl::Status advanced = chains.WaitError(3);
+  EXPECT_EQ(advanced.code(), absl::StatusCode::kFailedPrecondition) << advanced;
+  (*engine)->Advance(stream, 3, 8, {4}, 0);
+  std::vector<int32_t> append = {(*want)[0], 7};
+  (*engine)->Advance(stream, 1, 6, append, 0, Rows(layers, 5, 2, h));
+  std::vector<int32_t> all = tokens;
+  all.insert(all.end(), append.begin(), append.end());
+  ASSERT_TRUE(dflash->AppendContext(context, Floats(Rows(layers, 5, 2, h)), 2).ok());
+  auto next = dflash->Draft(context, std::span(all).subspan(7));
+  ASSERT_TRUE(next.ok());
+  auto extended = chains.WaitCovered(1, 8, 4);
+  ASSERT_TRUE(extended.has_value());
+  EXPECT_EQ(*extended, *next);
+  EXPECT_TRUE(chains.Get(1).error.ok()) << chains.Get(1).error;
+
+  // The rows were never read, and the engine let go of them.
+  EXPECT_EQ(payload->reads(), 0);
+  EXPECT_EQ(payload.use_count(), 1);
+  EXPECT_EQ((*engine)->Stats().hidden_rows, 5 + 4 + 2);
 }
 
 TEST(DFlashDraftEngine, RejectsADFlashModelOfAnotherTarget) {

@@ -2,6 +2,7 @@
 // eviction or the order of advances; agreeing advances reuse the drafted KV.
 #include "worker/engine/draft_engine.h"
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -226,6 +227,42 @@ TEST_F(DraftEngineTest, ProtocolErrorsEndOnlyTheirSession) {
     EXPECT_EQ(*chain, Greedy(*model_, {1, 2, 3, 4, 5, 7}, 5));
     EXPECT_TRUE(chains_.Get(s).error.ok());
   }
+}
+
+// Stands in for rows a GPU-to-GPU transport left in device memory; counts its reads.
+class FakeDevicePayload final : public DeviceHiddenPayload {
+ public:
+  int device() const override { return 0; }
+  absl::Status Read(const Reader& read) const override {
+    ++reads_;
+    return read(nullptr, nullptr);
+  }
+  int reads() const { return reads_; }
+
+ private:
+  mutable std::atomic<int> reads_{0};
+};
+
+TEST_F(DraftEngineTest, RowsInGpuMemoryEndOnlyTheirSessionOfAnArDrafter) {
+  Start({.kv_tokens = 4096, .hidden_layers = {1, 3}});
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+  const int h = 16;
+  auto payload = std::make_shared<FakeDevicePayload>();
+  engine_->Open(stream_, 1, prompt, 2,
+                HiddenRows{.layers = 2, .tokens = 5, .hidden_size = h, .device = payload});
+  const absl::Status ended = chains_.WaitError(1);
+  EXPECT_EQ(ended.code(), absl::StatusCode::kFailedPrecondition) << ended;
+  EXPECT_NE(ended.message().find("AR draft model"), std::string::npos) << ended;
+  HiddenRows host{.layers = 2, .tokens = 5, .hidden_size = h};
+  host.bf16.assign(2 * 5 * h, FloatToBf16(0.5f));
+  engine_->Open(stream_, 2, prompt, 2, host);
+  auto chain = chains_.WaitCovered(2, 5, 5);
+  ASSERT_TRUE(chain.has_value());
+  EXPECT_EQ(*chain, Greedy(*model_, prompt, 5));
+  EXPECT_TRUE(chains_.Get(2).error.ok()) << chains_.Get(2).error;
+  EXPECT_EQ(payload->reads(), 0);
+  EXPECT_EQ(payload.use_count(), 1);
+  EXPECT_EQ(engine_->Stats().hidden_rows, 5);
 }
 
 TEST_F(DraftEngineTest, RemovingTheStreamClosesItsSessions) {
