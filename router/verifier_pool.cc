@@ -1,6 +1,7 @@
 #include "router/verifier_pool.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <utility>
 
@@ -18,8 +19,31 @@ bool ServesMode(const VerifierInfo& info, std::string_view mode) {
 
 }  // namespace
 
-VerifierPool::VerifierPool(std::vector<std::string> addresses)
-    : addresses_(std::move(addresses)), entries_(addresses_.size()) {}
+VerifierPool::VerifierPool(std::vector<std::string> addresses, std::function<absl::Time()> clock)
+    : clock_(std::move(clock)), addresses_(std::move(addresses)), entries_(addresses_.size()) {}
+
+void VerifierPool::Average(Entry& entry, absl::Time now) {
+  if (entry.averaged_at == absl::InfinitePast()) {
+    entry.average_in_flight = entry.in_flight;
+  } else if (now > entry.averaged_at) {
+    const double keep = std::exp(-absl::FDivDuration(now - entry.averaged_at, kStreamsWindow));
+    entry.average_in_flight = entry.average_in_flight * keep + entry.in_flight * (1 - keep);
+  } else {
+    return;  // a clock that did not move (or went back): nothing to add
+  }
+  entry.averaged_at = now;
+}
+
+double VerifierPool::StreamsOf(Entry entry, absl::Time now) {
+  Average(entry, now);
+  return std::max<double>(entry.in_flight, entry.average_in_flight);
+}
+
+double VerifierPool::Streams(size_t index) const {
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&mu_);
+  return StreamsOf(entries_[index], now);
+}
 
 size_t VerifierPool::size() const {
   absl::MutexLock lock(&mu_);
@@ -77,8 +101,8 @@ bool VerifierPool::Healthy(size_t index) const {
   return entries_[index].healthy;
 }
 
-double EstimatedSequences(const VerifierLoad* load, int in_flight) {
-  const double own = std::max(0, in_flight);
+double EstimatedSequences(const VerifierLoad* load, double in_flight) {
+  const double own = std::max(0.0, in_flight);
   if (load == nullptr) return own;
   const int others = std::max(0, load->running + load->queued - load->own_streams);
   return others + own;
@@ -158,6 +182,7 @@ absl::StatusOr<ModelDescription> VerifierPool::ResolveModel(std::string_view id)
 absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string_view mode,
                                              std::optional<size_t> avoid, const Gain& gain,
                                              double gain_margin) {
+  const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   const size_t n = entries_.size();
   std::optional<size_t> best;  // the least loaded
@@ -174,7 +199,7 @@ absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string
   if (best && gain && eligible.size() > 1) {
     auto gain_of = [&](size_t i) {
       const Entry& entry = entries_[i];
-      return gain(*entry.info, entry.load.get(), entry.in_flight);
+      return gain(*entry.info, entry.load.get(), StreamsOf(entry, now));
     };
     // Only a verifier the estimate can judge is compared; without an estimate for the least
     // loaded one, balancing decides.
@@ -198,13 +223,16 @@ absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string
                                        : absl::StrCat(" in mode '", std::string(mode), "'"),
         "; retry later"));
   }
+  Average(entries_[*best], now);
   ++entries_[*best].in_flight;
   next_ = (*best + 1) % n;
   return *best;
 }
 
 void VerifierPool::Release(size_t index) {
+  const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
+  Average(entries_[index], now);
   --entries_[index].in_flight;
 }
 

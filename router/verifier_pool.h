@@ -21,6 +21,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/cost_model.h"
 
 namespace tandem::router {
@@ -44,15 +46,15 @@ struct VerifierLoad {
   int own_streams = 0;
 };
 
-// The sequences a verifier holds now: its last report's running + queued, with the part that
-// was this router's own then (`load->own_streams`) replaced by this router's streams now
-// (`in_flight`). A report is up to a poll old; between two reports the router's own streams
-// change with every request that starts or ends, and those it counts exactly, while other
-// routers' streams on the verifier are known only from the report. Taking the larger of the
-// report and the router's count instead overstates the load whenever a request ended since the
-// report: a closed-loop client's next request then sees the one it replaced still counted.
+// The sequences a verifier holds: its last report's running + queued, with the part that was
+// this router's own then (`load->own_streams`) replaced by this router's streams (`in_flight`,
+// VerifierPool::Streams). A report is up to a poll old; between two reports the router's own
+// streams change with every request that starts or ends, and those it counts itself, while
+// other routers' streams on the verifier are known only from the report. Taking the larger of
+// the report and the router's count instead overstates the load whenever a request ended since
+// the report: a closed-loop client's next request then sees the one it replaced still counted.
 // `in_flight` alone (at least 0) before any report.
-double EstimatedSequences(const VerifierLoad* load, int in_flight);
+double EstimatedSequences(const VerifierLoad* load, double in_flight);
 
 // A model as the cluster serves it: modes are the union over the verifiers that serve it, the
 // context the smallest.
@@ -66,7 +68,10 @@ class VerifierPool {
  public:
   // One entry per address, in that order; indices below refer to it. Every verifier starts
   // down and without info until the first report.
-  explicit VerifierPool(std::vector<std::string> addresses);
+  // `clock` reads the time for Streams' average (tests pass their own).
+  explicit VerifierPool(
+      std::vector<std::string> addresses,
+      std::function<absl::Time()> clock = [] { return absl::Now(); });
 
   size_t size() const;
   std::string address(size_t index) const;
@@ -85,6 +90,16 @@ class VerifierPool {
   void SetHealthy(size_t index, bool healthy);
   bool Healthy(size_t index) const;
   int InFlight(size_t index) const;
+  // The router's streams on the verifier as the load a request placed now will decode
+  // alongside: the larger of InFlight and its time-weighted average over about the last second
+  // (an exponential average, time constant kStreamsWindow). At the instant a request arrives,
+  // InFlight alone is often below the load: closed-loop clients that started together finish
+  // together, and their next requests arrive one by one into a batch that is refilling within
+  // milliseconds (at 4 clients, arrivals saw 2, 3 and 4 streams in turn), so a mode chosen for
+  // 3 sequences runs at 4 for the rest of the request. The average holds the load of the last
+  // second; the current count still wins when a burst has just raised it.
+  double Streams(size_t index) const;
+  static constexpr absl::Duration kStreamsWindow = absl::Seconds(1);
   // The info of the last GetInfo; nullopt before any.
   std::optional<VerifierInfo> Info(size_t index) const;
   void SetLoad(size_t index, VerifierLoad load);
@@ -102,8 +117,9 @@ class VerifierPool {
   // from its info, last load report (null before any) and the router's streams on it; nullopt
   // when it cannot say (no measurements). Called with the pool's lock held: it must not call
   // back into the pool.
+  // `streams`: the router's streams on it (Streams()).
   using Gain = std::function<std::optional<double>(const VerifierInfo& info,
-                                                   const VerifierLoad* load, int in_flight)>;
+                                                   const VerifierLoad* load, double streams)>;
 
   // Picks the healthy verifier serving `model` (and `mode`, unless it is "" or "auto") and
   // counts one more stream on it; Release() ends it. By default the one with the fewest streams
@@ -124,9 +140,15 @@ class VerifierPool {
     bool healthy = false;
     bool retired = false;
     int in_flight = 0;
+    double average_in_flight = 0;  // time-weighted, as of `averaged_at`
+    absl::Time averaged_at = absl::InfinitePast();
     std::shared_ptr<const VerifierLoad> load;
   };
+  // Brings the entry's average up to `now` (in_flight held since averaged_at).
+  static void Average(Entry& entry, absl::Time now);
+  static double StreamsOf(Entry entry, absl::Time now);
 
+  const std::function<absl::Time()> clock_;
   mutable absl::Mutex mu_;
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);

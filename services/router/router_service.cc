@@ -402,10 +402,10 @@ router::VerifierPool::Gain RouterService::GainOf(const v1::GenerateRequest& requ
   const router::ModeRequestTraits traits{.greedy = request.sampling().temperature() <= 0};
   const router::ModePolicy* policy = options_.mode_policy;
   return [policy, traits](const router::VerifierInfo& info, const router::VerifierLoad* load,
-                          int in_flight) -> std::optional<double> {
+                          double streams) -> std::optional<double> {
     if (load == nullptr) return std::nullopt;
     // The same load measure as ChooseMode's, before and after this request.
-    const double now = router::EstimatedSequences(load, in_flight);
+    const double now = router::EstimatedSequences(load, streams);
     const std::optional<double> with = policy->BestGoodput(info.modes, load->cost, now + 1, traits);
     if (!with) return std::nullopt;
     if (now < 1) return *with;
@@ -428,10 +428,11 @@ void RouterService::ChooseMode(size_t verifier, v1::VerifyRequest* upstream) {
   const std::optional<router::VerifierInfo> info = pool_->Info(verifier);
   const std::shared_ptr<const router::VerifierLoad> load = pool_->Load(verifier);
   const CostModel empty;
-  // The router's own streams on the verifier (this one included: Acquire counted it) are
-  // current; the report adds other routers' streams.
+  // The router's own streams on the verifier (this one included: Acquire counted it), held at
+  // their recent average while requests that replace finished ones arrive; the report adds
+  // other routers' streams.
   const double sequences =
-      std::max(1.0, router::EstimatedSequences(load.get(), pool_->InFlight(verifier)));
+      std::max(1.0, router::EstimatedSequences(load.get(), pool_->Streams(verifier)));
   const router::ModeDecision decision = options_.mode_policy->Decide(
       pool_->address(verifier), info ? info->modes : std::vector<std::string>(),
       load != nullptr ? load->cost : empty, sequences,

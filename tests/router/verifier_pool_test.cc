@@ -106,7 +106,7 @@ TEST(VerifierPoolTest, AGainBeyondTheMarginBeatsBalancingAndTiesStayLeastLoaded)
   ASSERT_EQ(pool.InFlight(1), 1);
   ASSERT_EQ(*pool.Acquire("m", "ar"), 1u);  // now a: 1, b: 2
   std::vector<double> gains = {100, 150};   // by index
-  auto gain = [&](const VerifierInfo& info, const VerifierLoad*, int) -> std::optional<double> {
+  auto gain = [&](const VerifierInfo& info, const VerifierLoad*, double) -> std::optional<double> {
     return gains[info.worker_id == "w0" ? 0 : 1];
   };
   // b's request adds 50 % more: it goes there although b is busier.
@@ -117,7 +117,8 @@ TEST(VerifierPoolTest, AGainBeyondTheMarginBeatsBalancingAndTiesStayLeastLoaded)
   EXPECT_EQ(*pool.Acquire("m", "", std::nullopt, gain), 0u);
   pool.Release(0);
   // Without an estimate for the least-loaded verifier, balancing decides too.
-  auto partial = [&](const VerifierInfo& info, const VerifierLoad*, int) -> std::optional<double> {
+  auto partial = [&](const VerifierInfo& info, const VerifierLoad*,
+                     double) -> std::optional<double> {
     if (info.worker_id == "w0") return std::nullopt;
     return 1000.0;
   };
@@ -157,6 +158,37 @@ TEST(VerifierPoolTest, LoadEstimateReplacesTheRoutersOwnStreamsInTheReportWithCu
   // yet) adds no negative load.
   pool.SetLoad(0, VerifierLoad{.running = 0, .queued = 0});
   EXPECT_EQ(EstimatedSequences(pool.Load(0).get(), pool.InFlight(0)), 2);
+}
+
+// Four closed-loop clients that started together finish together: their next requests arrive
+// one by one, seeing 1, 2, 3 streams in flight, while the verifier is back at 4 within
+// milliseconds. Streams() holds the recent average for them; a burst still counts at once, and
+// an old load fades within seconds.
+TEST(VerifierPoolTest, StreamsHoldTheRecentAverageWhileFinishedRequestsAreReplaced) {
+  absl::Time now = absl::UnixEpoch();
+  VerifierPool pool({"a:1"}, [&now] { return now; });
+  pool.SetInfo(0, Info("m", {"ar"}, 512, "w0"));
+  pool.SetHealthy(0, true);
+  EXPECT_EQ(pool.Streams(0), 0);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool.Acquire("m", "ar").ok());
+  EXPECT_EQ(pool.Streams(0), 4);  // the burst counts at once
+  now += absl::Seconds(5);
+  EXPECT_NEAR(pool.Streams(0), 4, 0.01);
+  for (int i = 0; i < 4; ++i) pool.Release(0);
+  for (int i = 1; i <= 3; ++i) {
+    now += absl::Milliseconds(1);
+    ASSERT_TRUE(pool.Acquire("m", "ar").ok());
+    EXPECT_EQ(pool.InFlight(0), i);
+    EXPECT_GT(pool.Streams(0), 3.9) << "arrival " << i;
+  }
+  // Load that went away fades: after 5 s at 1 stream the average is near 1.
+  pool.Release(0);
+  pool.Release(0);
+  now += absl::Seconds(5);
+  EXPECT_NEAR(pool.Streams(0), 1, 0.05);
+  // The estimate of a verifier adds other routers' streams from the report to these.
+  pool.SetLoad(0, VerifierLoad{.running = 3});
+  EXPECT_NEAR(EstimatedSequences(pool.Load(0).get(), pool.Streams(0)), 3, 0.05);
 }
 
 }  // namespace
