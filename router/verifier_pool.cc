@@ -22,21 +22,21 @@ bool ServesMode(const VerifierInfo& info, std::string_view mode) {
 VerifierPool::VerifierPool(std::vector<std::string> addresses, std::function<absl::Time()> clock)
     : clock_(std::move(clock)), addresses_(std::move(addresses)), entries_(addresses_.size()) {}
 
-void VerifierPool::Average(Entry& entry, absl::Time now) {
-  if (entry.averaged_at == absl::InfinitePast()) {
-    entry.average_in_flight = entry.in_flight;
-  } else if (now > entry.averaged_at) {
-    const double keep = std::exp(-absl::FDivDuration(now - entry.averaged_at, kStreamsWindow));
-    entry.average_in_flight = entry.average_in_flight * keep + entry.in_flight * (1 - keep);
-  } else {
-    return;  // a clock that did not move (or went back): nothing to add
-  }
-  entry.averaged_at = now;
+double VerifierPool::AverageAt(const Entry& entry, absl::Time now) {
+  if (entry.averaged_at == absl::InfinitePast()) return entry.in_flight;
+  // A clock that did not move (or went back) adds nothing.
+  if (now <= entry.averaged_at) return entry.average_in_flight;
+  const double keep = std::exp(-absl::FDivDuration(now - entry.averaged_at, kStreamsWindow));
+  return entry.average_in_flight * keep + entry.in_flight * (1 - keep);
 }
 
-double VerifierPool::StreamsOf(Entry entry, absl::Time now) {
-  Average(entry, now);
-  return std::max<double>(entry.in_flight, entry.average_in_flight);
+void VerifierPool::Average(Entry& entry, absl::Time now) {
+  entry.average_in_flight = AverageAt(entry, now);
+  entry.averaged_at = std::max(entry.averaged_at, now);
+}
+
+double VerifierPool::StreamsOf(const Entry& entry, absl::Time now) {
+  return std::max<double>(entry.in_flight, AverageAt(entry, now));
 }
 
 double VerifierPool::Streams(size_t index) const {

@@ -144,9 +144,10 @@ class VerifierPool {
     absl::Time averaged_at = absl::InfinitePast();
     std::shared_ptr<const VerifierLoad> load;
   };
-  // Brings the entry's average up to `now` (in_flight held since averaged_at).
+  // The entry's average at `now` (in_flight held since averaged_at); Average stores it.
+  static double AverageAt(const Entry& entry, absl::Time now);
   static void Average(Entry& entry, absl::Time now);
-  static double StreamsOf(Entry entry, absl::Time now);
+  static double StreamsOf(const Entry& entry, absl::Time now);
 
   const std::function<absl::Time()> clock_;
   mutable absl::Mutex mu_;
