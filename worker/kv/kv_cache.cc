@@ -18,6 +18,29 @@ HostKvStorage::HostKvStorage(const KvCacheOptions& options)
   }
 }
 
+absl::Status KvStorage::Randomize(uint64_t /*seed*/, float /*half_width*/) {
+  return absl::UnimplementedError("this KV storage cannot fill its pools with random values");
+}
+
+absl::Status HostKvStorage::Randomize(uint64_t seed, float half_width) {
+  // SplitMix64's finaliser over (seed, pool, index): 24 random bits -> [-1, 1).
+  auto unit = [](uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return 2.0f * static_cast<float>(x >> 40) * 0x1.0p-24f - 1.0f;
+  };
+  uint64_t pool = 0;
+  for (std::vector<std::vector<float>>* pools : {&keys_, &values_}) {
+    for (std::vector<float>& rows : *pools) {
+      const uint64_t key = seed ^ (++pool << 48);
+      for (size_t i = 0; i < rows.size(); ++i) rows[i] = half_width * unit(key + i);
+    }
+  }
+  return absl::OkStatus();
+}
+
 void HostKvStorage::Commit(SeqId /*seq*/, std::span<const int32_t> blocks, int committed,
                            std::span<const int32_t> keep) {
   auto offset = [&](int slot) {

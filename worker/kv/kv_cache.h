@@ -61,6 +61,12 @@ class KvStorage {
 
   // Bytes of one K (or V) row element.
   virtual size_t ElementBytes() const = 0;
+
+  // Fills every row of every pool with pseudo-random values uniform on [-half_width,
+  // half_width], a function of `seed` alone. For benchmarks that give sequences long contexts
+  // without computing them (Reserve + Commit): attention must not be timed over zeros.
+  // Unimplemented unless the storage overrides it.
+  virtual absl::Status Randomize(uint64_t seed, float half_width);
 };
 
 // fp32 pools in host memory; commits move rows at once with memcpy.
@@ -71,6 +77,7 @@ class HostKvStorage final : public KvStorage {
   void Commit(SeqId seq, std::span<const int32_t> blocks, int committed,
               std::span<const int32_t> keep) override;
   size_t ElementBytes() const override { return sizeof(float); }
+  absl::Status Randomize(uint64_t seed, float half_width) override;
 
   float* Keys(int layer) { return keys_[layer].data(); }
   float* Values(int layer) { return values_[layer].data(); }

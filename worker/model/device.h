@@ -1,6 +1,8 @@
 // Which backend runs a model's forward: the fp32 CPU engine or the CUDA ops (bf16 on a GPU).
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -27,6 +29,28 @@ bool CudaBackendBuilt();
 // OK when models can run on `device` here. kCuda: FailedPrecondition in a build without CUDA,
 // Unavailable when no CUDA device is visible.
 absl::Status CheckDeviceAvailable(Device device);
+
+// Device-to-device copies between two GPU buffers of `bytes`, timed with CUDA events on a stream
+// of its own: the memory bandwidth a decode step's weight reads are measured against (STREAM
+// convention: a copy of N bytes moves 2N, read plus write). UNAVAILABLE without a CUDA device,
+// FAILED_PRECONDITION in a build without CUDA, RESOURCE_EXHAUSTED when the buffers do not fit.
+class DeviceCopyTimer {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeviceCopyTimer>> Create(size_t bytes);
+  ~DeviceCopyTimer();
+  DeviceCopyTimer(const DeviceCopyTimer&) = delete;
+  DeviceCopyTimer& operator=(const DeviceCopyTimer&) = delete;
+
+  // Seconds of one copy (the GPU's time between events around it).
+  absl::StatusOr<double> TimeOne();
+  double MovedBytes() const { return 2.0 * static_cast<double>(bytes_); }
+
+ private:
+  struct Resources;
+  DeviceCopyTimer(size_t bytes, std::unique_ptr<Resources> resources);
+  size_t bytes_;
+  std::unique_ptr<Resources> resources_;
+};
 
 // What the binaries' --device / --cuda-graphs flags resolve to: ParseDevice, then
 // CheckDeviceAvailable, so "--device cuda" without a GPU fails before any model is loaded.

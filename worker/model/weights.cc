@@ -1,5 +1,6 @@
 #include "worker/model/weights.h"
 
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -96,19 +97,12 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& dir, const ModelConf
   return w;
 }
 
-ModelWeights RandomWeights(const ModelConfig& c, uint64_t seed, float stddev) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, stddev);
-  auto randn = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = normal(rng);
-    return v;
-  };
-  auto norm = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = 1.0f + normal(rng);
-    return v;
-  };
+namespace {
+
+// The shapes of a model's weights, drawn from `randn(n)` (n weights around 0) and `norm(n)` (n
+// norm weights around 1).
+template <typename Randn, typename Norm>
+ModelWeights DrawWeights(const ModelConfig& c, Randn randn, Norm norm) {
   const size_t hidden = c.hidden_size, inter = c.intermediate_size, d = c.head_dim;
   const size_t qkv_out = (static_cast<size_t>(c.num_heads) + 2 * c.num_kv_heads) * d;
   ModelWeights w;
@@ -135,6 +129,51 @@ ModelWeights RandomWeights(const ModelConfig& c, uint64_t seed, float stddev) {
     l.down = randn(hidden * inter);
   }
   return w;
+}
+
+// SplitMix64's finaliser: a well-mixed 64-bit hash of a counter.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+ModelWeights RandomWeights(const ModelConfig& c, uint64_t seed, float stddev) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  auto randn = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  auto norm = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = 1.0f + normal(rng);
+    return v;
+  };
+  return DrawWeights(c, randn, norm);
+}
+
+ModelWeights BenchmarkWeights(const ModelConfig& c, uint64_t seed, float stddev) {
+  // Uniform on [-a, a] has standard deviation a / sqrt(3).
+  const float half_width = stddev * std::sqrt(3.0f);
+  uint64_t tensor = 0;
+  auto draw = [&](size_t n, float center) {
+    std::vector<float> v(n);
+    const uint64_t key = Mix(seed ^ Mix(++tensor));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      // 24 random bits -> [0, 1) -> [-1, 1).
+      const float unit = static_cast<float>(Mix(key + i) >> 40) * 0x1.0p-24f;
+      v[i] = center + half_width * (2.0f * unit - 1.0f);
+    }
+    return v;
+  };
+  return DrawWeights(
+      c, [&](size_t n) { return draw(n, 0.0f); }, [&](size_t n) { return draw(n, 1.0f); });
 }
 
 }  // namespace tandem

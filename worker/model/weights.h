@@ -47,4 +47,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& dir, const ModelConf
 // Random weights (normal with `stddev`, norms around 1) for benchmarks and tests.
 ModelWeights RandomWeights(const ModelConfig& config, uint64_t seed, float stddev = 0.02f);
 
+// Random weights of the same shapes for benchmark-size models: counter-based uniform draws with
+// standard deviation `stddev` (norms around 1), filled on every core, so that an 8B-parameter
+// model takes seconds rather than minutes. Not the values RandomWeights draws for the seed.
+ModelWeights BenchmarkWeights(const ModelConfig& config, uint64_t seed, float stddev = 0.02f);
+
 }  // namespace tandem

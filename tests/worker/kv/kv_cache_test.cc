@@ -1,5 +1,6 @@
 #include "worker/kv/kv_cache.h"
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <vector>
@@ -165,6 +166,36 @@ TEST(KvStorageTest, HostStorageIsTheDefault) {
   ASSERT_NE(kv.host_storage(), nullptr);
   EXPECT_EQ(kv.Keys(1), kv.host_storage()->Keys(1));
   EXPECT_EQ(kv.BytesPerToken(), 2u * 2 * 2 * sizeof(float));
+}
+
+TEST(KvStorageTest, HostStorageRandomizesEveryRowWithinBoundsAsAFunctionOfTheSeed) {
+  KvCache a(SmallOptions(2)), b(SmallOptions(2)), c(SmallOptions(2));
+  ASSERT_TRUE(a.storage().Randomize(11, 0.5f).ok());
+  ASSERT_TRUE(b.storage().Randomize(11, 0.5f).ok());
+  ASSERT_TRUE(c.storage().Randomize(12, 0.5f).ok());
+  const size_t pool = 2 * 4 * 2;  // blocks * block_size * row elements
+  std::vector<float> seen;
+  for (int l = 0; l < 2; ++l) {
+    for (size_t i = 0; i < pool; ++i) {
+      for (const float v : {a.Keys(l)[i], a.Values(l)[i]}) {
+        EXPECT_GE(v, -0.5f);
+        EXPECT_LT(v, 0.5f);
+        seen.push_back(v);
+      }
+      EXPECT_EQ(a.Keys(l)[i], b.Keys(l)[i]);
+      EXPECT_EQ(a.Values(l)[i], b.Values(l)[i]);
+      EXPECT_NE(a.Keys(l)[i], c.Keys(l)[i]);
+    }
+  }
+  // Different values in different rows, pools and layers (no row repeats another).
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::unique(seen.begin(), seen.end()), seen.end());
+}
+
+TEST(KvStorageTest, AStorageWithoutRandomizeSaysSo) {
+  std::vector<RecordingStorage::Call> calls;
+  RecordingStorage storage(&calls);
+  EXPECT_EQ(storage.Randomize(1, 1.0f).code(), absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

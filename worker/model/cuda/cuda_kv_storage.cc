@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/fill.cuh"
 
 namespace tandem::cuda_backend {
 
@@ -93,6 +94,20 @@ absl::Status CudaKvStorage::Flush() {
   sequences_.clear();
   queued_.clear();
   return status_;
+}
+
+absl::Status CudaKvStorage::Randomize(uint64_t seed, float half_width) {
+  if (absl::Status flushed = Flush(); !flushed.ok()) return flushed;
+  kcu::FillUniformParams p;
+  p.half_width = half_width;
+  p.data = keys_.get();
+  p.count = keys_.size();
+  p.seed = seed;
+  if (absl::Status s = kcu::Invoke(p, stream_); !s.ok()) return s;
+  p.data = values_.get();
+  p.count = values_.size();
+  p.seed = seed + 1;
+  return kcu::Invoke(p, stream_);
 }
 
 }  // namespace tandem::cuda_backend

@@ -34,6 +34,8 @@ class CudaKvStorage final : public KvStorage {
   void Commit(SeqId seq, std::span<const int32_t> blocks, int committed,
               std::span<const int32_t> keep) override;
   size_t ElementBytes() const override { return sizeof(__nv_bfloat16); }
+  // Flushes queued commits, then kernels/cuda FillUniform over both pools on the stream.
+  absl::Status Randomize(uint64_t seed, float half_width) override;
 
   // The allocation error, if the pools could not be made (the factory cannot return one), or
   // the error of a flush.
