@@ -1,6 +1,12 @@
+// `tandem bench engine`: how close the engine runs to the machine's limits on a synthetic model
+// with random weights, measured side by side in one run. Decode (batch 1) against the copy
+// bandwidth of the same memory (host memcpy on the CPU, device-to-device copies on a GPU),
+// prefill against the CPU's sgemm, and on request a step-time grid over batch size x extend
+// length x context length (the cost model's input: a k-token verify against a decode step).
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace tandem::cli {
 
@@ -8,10 +14,18 @@ struct BenchEngineArgs {
   bool json = false;
   int threads = 0;
   int decode_steps = 48;
-  int prefill_tokens = 256;
-  int layers = 12;
+  int prefill_tokens = 256;  // also the context of the decode steps
+  // "small" (a Qwen3-style 124.7M model at 12 layers) or "qwen3-8b" (Qwen3-8B's shape).
+  std::string shape = "small";
+  int layers = 0;              // 0 = the shape's
   std::string device = "cpu";  // cpu or cuda
   bool cuda_graphs = true;
+  // The grid (empty batches: none): every batch x extend at every context, each point the
+  // median of grid_reps steps after two warm-up steps.
+  std::vector<int> grid_batches;
+  std::vector<int> grid_extends = {1, 2, 4, 8, 16};
+  std::vector<int> grid_contexts = {512};
+  int grid_reps = 5;
 };
 
 int RunBenchEngine(const BenchEngineArgs& args);

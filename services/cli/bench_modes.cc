@@ -362,6 +362,7 @@ int RunBenchModes(const BenchModesArgs& args) {
   }
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json skipped = nlohmann::json::array();
+  nlohmann::json outputs = nlohmann::json::array();
   std::vector<std::pair<const Variant*, std::map<std::string, Totals>>> results;
   for (const Variant& v : variants) {
     std::map<std::string, Totals> totals;
@@ -382,6 +383,13 @@ int RunBenchModes(const BenchModesArgs& args) {
       }
       Add(*r, reference[i].tokens, has_diffusion ? &diffusion_reference[i].tokens : nullptr,
           &totals[p.category]);
+      if (args.tokens) {
+        outputs.push_back({{"variant", v.label},
+                           {"prompt", i},
+                           {"source", p.source},
+                           {"category", p.category},
+                           {"tokens", r->tokens}});
+      }
     }
     if (!skip_reason.empty()) {
       skipped.push_back({{"variant", v.label}, {"reason", skip_reason}});
@@ -405,10 +413,13 @@ int RunBenchModes(const BenchModesArgs& args) {
         {"sampling", "greedy"},
         {"threads", threads},
         {"definitions", kDefinitions},
+        {"device", DeviceName(device->device)},
         {"results", rows},
         {"skipped", skipped},
     };
-    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    nlohmann::json out = j;
+    if (args.tokens) out["outputs"] = outputs;
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
 

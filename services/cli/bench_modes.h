@@ -19,6 +19,9 @@ struct BenchModesArgs {
   int max_tokens = 64;
   int prompts = 0;  // per category; 0 = all in the file
   bool json = false;
+  // With json: every variant's token ids per prompt ("outputs"), so that runs on two devices can
+  // be compared token by token.
+  bool tokens = false;
   int threads = 0;
   std::string device = "cpu";  // cpu or cuda: where the target and drafter models run
   bool cuda_graphs = true;

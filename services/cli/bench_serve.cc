@@ -356,6 +356,7 @@ int RunBenchServe(const BenchServeArgs& args) {
                                         .drafter_model_dir = args.drafter_dir,
                                         .metrics = false,
                                         .threads = args.threads,
+                                        .device = args.device,
                                         .forward_output = false});
     if (!started.ok()) return fail(started.status());
     cluster = std::move(*started);

@@ -26,6 +26,7 @@ struct BenchServeArgs {
   std::string model_dir;    // the launched cluster's target; also where the prompts come from
   std::string drafter_dir;  // the launched cluster's drafter; "" = the launcher's default
   int threads = 0;          // the launched verifier's and drafter's --threads; 0 = theirs
+  std::string device;       // the launched verifier's and drafter's --device; "" = theirs (cpu)
   std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64};
   std::vector<std::string> modes;  // "" = ar + the lossless modes served + auto
   int requests_per_level = 0;      // per window; 0 = max(16, 4 x concurrency)

@@ -16,15 +16,37 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   auto engine = std::make_shared<BenchEngineArgs>();
   CLI::App* cmd = bench->add_subcommand(
       "engine",
-      "CPU engine: batch-1 decode tokens/s and bandwidth efficiency against memcpy, prefill "
-      "GFLOP/s against OpenBLAS sgemm, on a synthetic fp32 model (>= 100M parameters)");
+      "The engine on a synthetic model with random weights: batch-1 decode tokens/s and "
+      "bandwidth efficiency against a copy of the same memory (host memcpy, or device-to-device "
+      "copies with --device cuda), prefill GFLOP/s (against OpenBLAS sgemm on the CPU), and "
+      "with --grid-batches a step-time grid over batch x extend x context");
   cmd->add_flag("--json", engine->json, "Print JSON instead of a table");
   cmd->add_option("--threads", engine->threads, "CPU threads; 0 = all cores");
   cmd->add_option("--decode-steps", engine->decode_steps, "Timed decode steps")
       ->capture_default_str();
   cmd->add_option("--prefill-tokens", engine->prefill_tokens, "Prompt length of the prefill run")
       ->capture_default_str();
-  cmd->add_option("--layers", engine->layers, "Layers of the synthetic model")
+  cmd->add_option("--shape", engine->shape,
+                  "Synthetic model: small (Qwen3-style, 124.7M parameters at 12 layers) or "
+                  "qwen3-8b (Qwen3-8B's shape: 36 layers, hidden 4096, 32/8 heads of 128, MLP "
+                  "12288, vocab 151936)")
+      ->check(CLI::IsMember({"small", "qwen3-8b"}))
+      ->capture_default_str();
+  cmd->add_option("--layers", engine->layers, "Layers of the synthetic model; 0 = the shape's")
+      ->capture_default_str();
+  cmd->add_option("--grid-batches", engine->grid_batches,
+                  "Comma-separated batch sizes of the step-time grid; none = no grid")
+      ->delimiter(',');
+  cmd->add_option("--grid-extends", engine->grid_extends,
+                  "Comma-separated tokens per sequence per grid step (1 = decode)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--grid-contexts", engine->grid_contexts,
+                  "Comma-separated committed context lengths of the grid (KV filled with random "
+                  "values, not computed)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--grid-reps", engine->grid_reps, "Timed steps per grid point (median)")
       ->capture_default_str();
   cmd->add_option("--device", engine->device, "Where the model runs: cpu (fp32) or cuda (bf16)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -93,6 +115,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   modes_cmd->add_option("--prompts", modes->prompts, "Prompts per category; 0 = all")
       ->capture_default_str();
   modes_cmd->add_flag("--json", modes->json, "Print JSON instead of a table");
+  modes_cmd->add_flag("--tokens", modes->tokens,
+                      "With --json: every variant's token ids per prompt (\"outputs\")");
   modes_cmd->add_option("--threads", modes->threads, "CPU threads; 0 = all cores");
   modes_cmd
       ->add_option("--device", modes->device, "Where the models run: cpu (fp32) or cuda (bf16)")
@@ -164,6 +188,11 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                         "Drafter model of the local cluster (default: as `tandem up`)");
   serve_cmd->add_option("--threads", serve->threads,
                         "CPU threads of the local verifier and drafter; 0 = their default");
+  serve_cmd
+      ->add_option("--device", serve->device,
+                   "Where the local verifier's and drafter's models run: cpu or cuda (both "
+                   "share the GPU); default: cpu")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   serve_cmd
       ->add_option("--out-dir", serve->out_dir, "Where serve.json and serve.png go ('' = nowhere)")
       ->capture_default_str();

@@ -24,6 +24,7 @@ struct UpArgs {
   std::vector<std::string> api_keys;
   std::string model_dir;
   std::string drafter_model_dir;
+  std::string device;  // the verifier's and the drafter's --device; "" = theirs (cpu)
   double start_timeout_seconds = 120;
 };
 
@@ -55,6 +56,7 @@ int RunUp(const UpArgs& args) {
       .router_listen = args.listen,
       .router_http_listen = http_listen == "off" ? "" : http_listen,
       .api_keys = args.api_keys,
+      .device = args.device,
       .start_timeout = absl::Seconds(args.start_timeout_seconds),
   });
   if (!cluster.ok()) {
@@ -123,6 +125,10 @@ void RegisterUp(CLI::App& app, int* exit_code) {
                   "present with the same tokenizer, e.g. the bundled models/tandem-drafter; "
                   "else the target itself); a DFlash drafter (models/tandem-dflash) gets the "
                   "target as its --target-model");
+  cmd->add_option("--device", args->device,
+                  "Where the verifier's and the drafter's models run: cpu (fp32) or cuda (bf16 "
+                  "GPU; both share the GPU); default: cpu")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--start-timeout", args->start_timeout_seconds,
                   "Seconds each service may take to start")
       ->capture_default_str();

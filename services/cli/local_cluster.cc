@@ -27,11 +27,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   cluster->drafter_model_dir_ =
       o.drafter_model_dir.empty() ? DefaultDrafterDir(*model_dir) : o.drafter_model_dir;
 
-  // Flags every service takes alike.
+  // Flags every service takes alike (the model services: `threads`, also --threads and --device).
   auto common = [&o](std::vector<std::string> argv, bool threads) {
     argv.insert(argv.end(), {"--listen", "127.0.0.1:0"});
     if (o.metrics) argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0"});
     if (threads && o.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(o.threads)});
+    if (threads && !o.device.empty()) argv.insert(argv.end(), {"--device", o.device});
     return argv;
   };
   std::vector<std::string> drafter_argv =

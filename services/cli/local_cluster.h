@@ -30,6 +30,7 @@ struct LocalClusterOptions {
   std::vector<std::string> api_keys;
   bool metrics = true;  // every service serves /metrics on a port chosen by the OS
   int threads = 0;      // the verifier's and the drafter's --threads; 0 = their default
+  std::string device;   // the verifier's and the drafter's --device; "" = their default (cpu)
   // Appended to each service's command line.
   std::vector<std::string> drafter_flags;
   std::vector<std::string> verifier_flags;
