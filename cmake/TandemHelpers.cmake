@@ -23,4 +23,9 @@ function(tandem_test name)
   tandem_warnings(${name})
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS "${ARG_LABELS}")
+  # The GPU kit (scripts/gpu/pack.sh) packs every test labelled cuda; tests/CMakeLists.txt
+  # writes the list.
+  if("cuda" IN_LIST ARG_LABELS)
+    set_property(GLOBAL APPEND PROPERTY TANDEM_GPU_TEST_TARGETS ${name})
+  endif()
 endfunction()

@@ -21,6 +21,7 @@
 #include "services/drafter/drafter_service.h"
 #include "services/verifier/grpc_draft_channel.h"
 #include "tests/services/drafter/chain_collector.h"
+#include "tests/support/source_dir.h"
 #include "tests/worker/decoding/tiny_models.h"
 #include "worker/engine/draft_engine.h"
 #include "worker/engine/engine.h"
@@ -160,7 +161,7 @@ class TokenSink : public SequenceSink {
 // NCCL endpoint on GPU 1; both models' target stays on the CPU.
 TEST(NcclHiddenStates, SpecAgainstACudaDFlashDrafterByNcclEqualsAr) {
   if (CudaDevices() < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << CudaDevices() << " visible";
-  const std::string models = std::string(TANDEM_SOURCE_DIR) + "/models/";
+  const std::string models = test_support::SourceDir() + "/models/";
   if (!std::filesystem::exists(models + "tandem-target/config.json") ||
       !std::filesystem::exists(models + "tandem-dflash/config.json")) {
     GTEST_SKIP() << "no bundled models";

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/source_dir.h"
 #include "tests/worker/decoding/tiny_models.h"
 #include "worker/decoding/ar.h"
 #include "worker/decoding/modes.h"
@@ -34,7 +35,7 @@ namespace {
 
 using testing::TinyArch;
 
-const std::string kModels = std::string(TANDEM_SOURCE_DIR) + "/models/";
+const std::string kModels = test_support::SourceDir() + "/models/";
 
 class CudaDFlashTest : public ::testing::Test {
  protected:

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
+#include "tests/support/source_dir.h"
 #include "worker/decoding/ar.h"
 #include "worker/decoding/drafter.h"
 #include "worker/decoding/modes.h"
@@ -29,7 +30,7 @@
 namespace tandem {
 namespace {
 
-const std::string kModels = std::string(TANDEM_SOURCE_DIR) + "/models/";
+const std::string kModels = test_support::SourceDir() + "/models/";
 
 class CudaModelTest : public ::testing::Test {
  protected:
