@@ -95,10 +95,13 @@ int Run(const Flags& flags) {
   options.default_drafter = flags.drafter;
   options.draft_timeout = absl::Milliseconds(flags.draft_timeout_ms);
   options.adaptive_gamma = flags.adaptive_gamma;
+  // A named object, not a temporary: GCC 12 at -O3 warns (as an error) that the temporary's
+  // std::function member may be destroyed uninitialised.
+  tandem::DraftHiddenTransportOptions transport_options;
+  transport_options.local = hidden_transport;
+  transport_options.metrics = &metrics;
   absl::StatusOr<std::unique_ptr<tandem::Engine>> engine = tandem::Engine::Create(
-      &*model, options,
-      tandem::MakeGrpcDraftChannelFactory(flags.client_tls,
-                                          {.local = hidden_transport, .metrics = &metrics}));
+      &*model, options, tandem::MakeGrpcDraftChannelFactory(flags.client_tls, transport_options));
   if (!engine.ok()) {
     std::cerr << "tandem-verifier: " << engine.status().message() << "\n";
     return 1;

@@ -44,6 +44,17 @@ int CudaDevices() {
   return count;
 }
 
+// The verifier's transport options, built as a named object: GCC 12 at -O3 reports the
+// std::function inside a braced temporary of this type (and of DrafterServiceOptions) as maybe
+// destroyed uninitialised, and warnings are errors.
+DraftHiddenTransportOptions VerifierTransport(const HiddenTransportEnd& end,
+                                              ServiceMetrics* metrics) {
+  DraftHiddenTransportOptions options;
+  options.local = end;
+  options.metrics = metrics;
+  return options;
+}
+
 HiddenTransportEnd EndOnDevice(int device) {
   cudaSetDevice(device);
   HiddenTransportEnd end = LocalHiddenTransport(HiddenTransportMode::kAuto);
@@ -82,17 +93,19 @@ TEST(NcclHiddenStates, VerifierAndDrafterOnTwoGpusSendRowsByNccl) {
   auto engine = DraftEngine::Create(
       model.get(), {.kv_tokens = 4096, .max_sessions = 16, .hidden_layers = {1, 3}});
   ASSERT_TRUE(engine.ok()) << engine.status();
-  DrafterService service(engine->get(), {.model_id = "tiny",
-                                         .worker_id = "drafter-test",
-                                         .hidden_transport = drafter_end,
-                                         .metrics = &drafter_metrics});
+  DrafterServiceOptions service_options;  // named: see VerifierTransport
+  service_options.model_id = "tiny";
+  service_options.worker_id = "drafter-test";
+  service_options.hidden_transport = drafter_end;
+  service_options.metrics = &drafter_metrics;
+  DrafterService service(engine->get(), service_options);
   auto server = StartServer({.listen = "127.0.0.1:0"}, {&service});
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = MakeChannel(server->address, {});
   ASSERT_TRUE(channel.ok()) << channel.status();
   ChainCollector chains;
   auto drafter = GrpcDraftChannel::Create(*channel, server->address, chains.Callback(), 4096,
-                                          {.local = verifier_end, .metrics = &verifier_metrics});
+                                          VerifierTransport(verifier_end, &verifier_metrics));
   ASSERT_TRUE(drafter->WaitForInfo(absl::Seconds(30)));
   const absl::Time end = absl::Now() + absl::Seconds(120);
   while (drafter->hidden_transport() != HiddenTransportKind::kNccl && absl::Now() < end &&
@@ -194,11 +207,13 @@ TEST(NcclHiddenStates, SpecAgainstACudaDFlashDrafterByNcclEqualsAr) {
                               return payload;
                             }};
   ServiceMetrics drafter_metrics(MetricsRole::kDrafter);
-  DrafterService service(draft_engine->get(), {.model_id = "tandem-dflash",
-                                               .worker_id = "drafter-test",
-                                               .hidden_transport = drafter_end,
-                                               .device_sink = counting,
-                                               .metrics = &drafter_metrics});
+  DrafterServiceOptions service_options;  // named: see VerifierTransport
+  service_options.model_id = "tandem-dflash";
+  service_options.worker_id = "drafter-test";
+  service_options.hidden_transport = drafter_end;
+  service_options.device_sink = counting;
+  service_options.metrics = &drafter_metrics;
+  DrafterService service(draft_engine->get(), service_options);
   auto server = StartServer({.listen = "127.0.0.1:0"}, {&service});
   ASSERT_TRUE(server.ok()) << server.status();
   {
@@ -209,7 +224,7 @@ TEST(NcclHiddenStates, SpecAgainstACudaDFlashDrafterByNcclEqualsAr) {
     options.prefill_chunk = 8;  // the prompt's rows come in several payloads
     auto engine = Engine::Create(
         &*target, options,
-        MakeGrpcDraftChannelFactory({}, {.local = verifier_end, .metrics = &verifier_metrics}));
+        MakeGrpcDraftChannelFactory({}, VerifierTransport(verifier_end, &verifier_metrics)));
     ASSERT_TRUE(engine.ok()) << engine.status();
     auto run = [&](const std::vector<int32_t>& prompt, const std::string& mode) {
       SequenceRequest r;
