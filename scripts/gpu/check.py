@@ -148,7 +148,7 @@ def kill_group(process, sig=signal.SIGKILL):
 
 
 def parse_json(text):
-    """The last JSON object printed on stdout, or None."""
+    """The JSON document that starts at the first '{' of stdout, or None."""
     start = text.find("{")
     if start < 0:
         return None
@@ -375,7 +375,6 @@ def run_test_binary(run, entry, deadline):
         if excluded:
             argv.append("--gtest_filter=-" + ":".join(excluded))
         code, stdout, _ = run.execute(argv, min(left, TEST_BINARY_BOX))
-        run.note(stdout[-100000:])
         if os.path.exists(report):
             _, found = gtest_results(report)
             # gtest's JSON has no skip message; its console output has one before each skip.

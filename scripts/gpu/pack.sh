@@ -170,7 +170,8 @@ print(json.dumps({
 PYTHON
 
 # --- Archive and sizes ------------------------------------------------------------------------
-rm -f "$out/tandem-gpu-kit.tar.xz"
+# What check.sh unpacked into DIR on an earlier run would travel too: DIR holds the kit alone.
+rm -rf "$out/unpacked" "$out/tandem-gpu-kit.tar.xz"
 tar -C "$stage" -cf - tandem-gpu-kit | xz -T0 "${xz_level[@]}" >"$out/tandem-gpu-kit.tar.xz"
 cp "$kit/manifest.json" "$out/manifest.json"
 
