@@ -44,9 +44,9 @@ absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& 
         absl::StrCat("sampling.temperature must be a finite number >= 0 (0 = greedy), got ",
                      request.temperature));
   }
-  if (request.top_k < 0) {
+  if (request.top_k < -1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sampling.top_k must be >= 0 (0 = off), got ", request.top_k));
+        absl::StrCat("sampling.top_k must be >= 0 (0 or -1 = off), got ", request.top_k));
   }
   if (!(request.top_p >= 0 && request.top_p <= 1)) {
     return absl::InvalidArgumentError(
@@ -55,6 +55,12 @@ absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& 
   if (!(request.min_p >= 0 && request.min_p <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.min_p must be within [0, 1] (0 = off), got ", request.min_p));
+  }
+  for (const int32_t id : request.stop_token_ids) {
+    if (id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids must hold token ids (>= 0), got ", id));
+    }
   }
   return absl::OkStatus();
 }

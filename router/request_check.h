@@ -5,7 +5,9 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "router/verifier_pool.h"
@@ -24,11 +26,12 @@ struct RouterRequest {
   int top_k = 0;
   float top_p = 0;
   float min_p = 0;
+  std::vector<int32_t> stop_token_ids;  // each checked >= 0; the verifier knows the vocabulary
 };
 
 // Checks `request` against `model` (the description of the model it names): an input that is
-// set and not empty, a mode the model serves, 0 < max_tokens < the model's context, and
-// sampling parameters within their ranges.
+// set and not empty, a mode the model serves, 0 < max_tokens < the model's context, sampling
+// parameters within their ranges (top_k -1 means off, as 0 does) and stop token ids >= 0.
 absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& model);
 
 }  // namespace tandem::router

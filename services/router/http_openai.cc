@@ -331,6 +331,8 @@ const char* ErrorType(int http_status) {
   switch (http_status) {
     case 400:
     case 404:
+    case 408:
+    case 413:
       return "invalid_request_error";
     case 401:
       return "authentication_error";
@@ -357,6 +359,10 @@ const char* CodeName(int http_status) {
       return "permission_denied";
     case 404:
       return "not_found";
+    case 408:
+      return "request_timeout";
+    case 413:
+      return "payload_too_large";
     case 429:
       return "resource_exhausted";
     case 499:

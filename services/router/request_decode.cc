@@ -110,6 +110,7 @@ router::RouterRequest ToRouterRequest(const v1::GenerateRequest& request) {
   out.top_k = request.sampling().top_k();
   out.top_p = request.sampling().top_p();
   out.min_p = request.sampling().min_p();
+  out.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   return out;
 }
 

@@ -35,6 +35,7 @@ struct Flags {
   bool cuda_graphs = true;
   int64_t kv_tokens = 65536;
   int max_batch_tokens = 1024;
+  int max_mode_block = 64;
   int max_running = 64;
   int prefill_chunk = 256;
   int max_queued = 1024;
@@ -88,6 +89,7 @@ int Run(const Flags& flags) {
   options.observer = &observer;
   options.kv_tokens = flags.kv_tokens;
   options.max_batch_tokens = flags.max_batch_tokens;
+  options.max_mode_block = flags.max_mode_block;
   options.max_running = flags.max_running;
   options.prefill_chunk = flags.prefill_chunk;
   options.max_queued = flags.max_queued;
@@ -244,6 +246,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-batch-tokens", flags.max_batch_tokens, "token budget of one forward")
       ->envname("TANDEM_VERIFIER_MAX_BATCH_TOKENS")
+      ->capture_default_str();
+  app.add_option("--max-mode-block", flags.max_mode_block,
+                 "most tokens a request's block-like mode option (draft length, block size, "
+                 "stride, gamma) may ask for; larger ones are refused as INVALID_ARGUMENT")
+      ->envname("TANDEM_VERIFIER_MAX_MODE_BLOCK")
       ->capture_default_str();
   app.add_option("--max-running", flags.max_running, "most sequences decoded at once")
       ->envname("TANDEM_VERIFIER_MAX_RUNNING")

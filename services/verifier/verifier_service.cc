@@ -1,7 +1,9 @@
 #include "services/verifier/verifier_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/version.h"
+#include "worker/sampling/sampling.h"
 
 namespace tandem {
 
@@ -242,8 +245,8 @@ absl::Status ApplyModeOptions(const v1::ModeOptions& given, ModeOptions* options
     options->isd_stride = given.isd_stride();
   }
   if (given.has_isd_tau()) {
-    if (!(given.isd_tau() >= 0)) {
-      return bad("isd_tau must be >= 0 (0 = lossless), got ", given.isd_tau());
+    if (!(given.isd_tau() >= 0) || std::isinf(given.isd_tau())) {
+      return bad("isd_tau must be a finite number >= 0 (0 = lossless), got ", given.isd_tau());
     }
     options->isd_tau = given.isd_tau();
   }
@@ -310,25 +313,17 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
   }
   out.max_tokens = request.max_tokens();
   const v1::SamplingParams& sampling = request.sampling();
-  if (sampling.temperature() < 0) {
+  // The wire's conventions: top_k 0 or -1 is off, top_p 0 is off (1 natively); then the
+  // engine's own ranges (CheckSamplingParams, as Engine::Submit applies them too).
+  if (sampling.top_k() < -1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("temperature must be >= 0, got ", sampling.temperature()));
-  }
-  if (sampling.top_k() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", sampling.top_k()));
-  }
-  if (sampling.top_p() < 0 || sampling.top_p() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_p must be in [0, 1], got ", sampling.top_p()));
-  }
-  if (sampling.min_p() < 0 || sampling.min_p() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("min_p must be in [0, 1], got ", sampling.min_p()));
+        absl::StrCat("top_k must be >= 0 (0 or -1 = off), got ", sampling.top_k()));
   }
   out.sampling.temperature = sampling.temperature();
-  out.sampling.top_k = sampling.top_k();
+  out.sampling.top_k = std::max(0, sampling.top_k());
   out.sampling.top_p = sampling.top_p() == 0 ? 1.0f : sampling.top_p();
   out.sampling.min_p = sampling.min_p();
+  if (absl::Status checked = CheckSamplingParams(out.sampling); !checked.ok()) return checked;
   // Unseeded requests still need a seed; the router sets one so that a migrated request
   // continues the same random stream.
   out.sampling.seed = sampling.has_seed() ? sampling.seed() : absl::ToUnixNanos(absl::Now());
@@ -350,6 +345,19 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
     }
     options.spec_gamma = given.spec_gamma() < 0 ? 0 : given.spec_gamma();
     out.spec_gamma_pinned = true;
+  }
+  // Every bound (block-like options up to --max-mode-block, the step budget) is
+  // CheckModeOptions', which Engine::Submit applies to the merged options; a negative block
+  // option is refused here already, not taken for "the model's".
+  for (const auto& [field, value] :
+       {std::pair<const char*, int>{"self_spec_draft_len", given.self_spec_draft_len()},
+        {"diffusion_block_size", given.diffusion_block_size()},
+        {"jacobi_block_size", given.jacobi_block_size()},
+        {"jacobi_blocks", given.jacobi_blocks()}}) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " must be positive (0 = the verifier's default), got ", value));
+    }
   }
   if (given.jacobi_block_size() != 0) options.jacobi_block_size = given.jacobi_block_size();
   if (given.jacobi_blocks() != 0) options.jacobi_blocks = given.jacobi_blocks();

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
@@ -230,8 +231,15 @@ TEST_F(ClusterTest, BadInputIsInvalidArgumentAndTheNextRequestSucceeds) {
   cases["max_tokens = context"].set_max_tokens(512);
   cases["negative temperature"] = good;
   cases["negative temperature"].mutable_sampling()->set_temperature(-0.5f);
-  cases["negative top_k"] = good;
-  cases["negative top_k"].mutable_sampling()->set_top_k(-1);
+  cases["top_k below -1"] = good;  // -1 is off, as over HTTP
+  cases["top_k below -1"].mutable_sampling()->set_top_k(-2);
+  cases["negative stop token id"] = good;
+  cases["negative stop token id"].add_stop_token_ids(-1);
+  cases["stop token id past the vocabulary"] = good;
+  cases["stop token id past the vocabulary"].add_stop_token_ids(1 << 30);
+  cases["infinite temperature"] = good;
+  cases["infinite temperature"].mutable_sampling()->set_temperature(
+      std::numeric_limits<float>::infinity());
   cases["top_p above 1"] = good;
   cases["top_p above 1"].mutable_sampling()->set_top_p(1.5f);
   cases["negative top_p"] = good;

@@ -232,6 +232,12 @@ TEST_F(HttpTest, ErrorsAreOpenAiShaped) {
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens"},
       {"/v1/completions", R"({"prompt": "x", "mode": "no-such-mode"})", 400, "no-such-mode"},
       {"/v1/completions", R"({"model": "gpt-4", "prompt": "x"})", 404, "gpt-4"},
+      // The same refusals as over gRPC (cluster_test): a negative stop id here, one past the
+      // vocabulary at the verifier, a top_k below -1 at the router.
+      {"/v1/completions", R"({"prompt": "x", "stop_token_ids": [-1]})", 400, "stop_token_ids"},
+      {"/v1/completions", R"({"prompt": "x", "stop_token_ids": [1073741824]})", 400,
+       "outside the vocabulary"},
+      {"/v1/completions", R"({"prompt": "x", "top_k": -2})", 400, "top_k"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400,
        "n = 1"},

@@ -83,8 +83,10 @@ TEST(RequestCheckTest, RefusesSamplingOutOfRange) {
     EXPECT_NE(Check(r).find("sampling.temperature"), std::string::npos) << t;
   }
   RouterRequest r = Good();
-  r.top_k = -1;
-  EXPECT_EQ(Check(r), "sampling.top_k must be >= 0 (0 = off), got -1");
+  r.top_k = -2;
+  EXPECT_EQ(Check(r), "sampling.top_k must be >= 0 (0 or -1 = off), got -2");
+  r.top_k = -1;  // off, as over HTTP (vLLM's convention)
+  EXPECT_EQ(Check(r), "");
   for (float p : {-0.5f, 1.5f, nan}) {
     r = Good();
     r.top_p = p;
@@ -93,6 +95,14 @@ TEST(RequestCheckTest, RefusesSamplingOutOfRange) {
     r.min_p = p;
     EXPECT_NE(Check(r).find("sampling.min_p must be within [0, 1]"), std::string::npos) << p;
   }
+}
+
+TEST(RequestCheckTest, RefusesNegativeStopTokenIds) {
+  RouterRequest r = Good();
+  r.stop_token_ids = {2, 0};
+  EXPECT_EQ(Check(r), "");
+  r.stop_token_ids = {2, -1, 1 << 30};  // ids past the vocabulary are the verifier's to refuse
+  EXPECT_EQ(Check(r), "stop_token_ids must hold token ids (>= 0), got -1");
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "worker/decoding/modes.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -63,6 +66,74 @@ absl::StatusOr<SimSdOptions> MakeSimSdOptions(const ModeOptions& options,
   simsd.gamma = options.simsd_gamma > 0 ? options.simsd_gamma : simsd.block_size;
   TANDEM_RETURN_IF_ERROR(ValidateSimSdOptions(simsd, config.vocab_size));
   return simsd;
+}
+
+absl::Status CheckModeOptions(std::string_view mode, const ModeOptions& o,
+                              const ModelConfig& config, const ModeLimits& limits) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  // Every block-like option is at most the model's context; the ones `mode` reads are at most
+  // `max_block` too (an option the mode ignores is never planned with, and the verifier's own
+  // defaults for other modes may be wider than a tight --max-mode-block).
+  const int context =
+      config.max_position_embeddings > 0 ? config.max_position_embeddings : (1 << 20);
+  const int block = std::min(limits.max_block, context);
+  auto check_block = [&](const char* field, int value, int lo,
+                         std::initializer_list<const char*> readers) -> absl::Status {
+    const bool read = std::any_of(readers.begin(), readers.end(),
+                                  [&](const char* reader) { return mode == reader; });
+    const int hi = read ? std::max(lo, block) : context;
+    if (value >= lo && value <= hi) return absl::OkStatus();
+    return bad(field, " must be in [", lo, ", ", hi, "]", lo == 0 ? " (0 = the default)" : "",
+               read ? absl::StrCat(" for mode ", std::string(mode),
+                                   " (this verifier's --max-mode-block and the model's context)")
+                    : std::string(" (the model's context)"),
+               ", got ", value);
+  };
+  auto check_unit = [&](const char* field, float value) -> absl::Status {
+    if (value >= 0.0f && value <= 1.0f) return absl::OkStatus();  // false for NaN
+    return bad(field, " must be in [0, 1], got ", value);
+  };
+  TANDEM_RETURN_IF_ERROR(check_block("spec_gamma", o.spec_gamma, 0, {"spec"}));
+  if (o.spec_gamma > kMaxSpecGamma) {
+    return bad("spec_gamma must be in [0, ", kMaxSpecGamma, "], got ", o.spec_gamma);
+  }
+  TANDEM_RETURN_IF_ERROR(check_block("jacobi_block_size", o.jacobi_block_size, 1, {"jacobi"}));
+  TANDEM_RETURN_IF_ERROR(ValidateJacobiOptions({.block_size = o.jacobi_block_size,
+                                                .blocks = o.jacobi_blocks,
+                                                .spawn_ratio = o.jacobi_spawn_ratio,
+                                                .pool_size = o.jacobi_pool_size,
+                                                .candidates = o.jacobi_candidates,
+                                                .prompt_lookup = o.jacobi_prompt_lookup}));
+  TANDEM_RETURN_IF_ERROR(check_block("self_spec_draft_len", o.self_spec_draft_len, 0,
+                                     {"self_spec", "self_spec_quadratic"}));
+  TANDEM_RETURN_IF_ERROR(check_unit("quadratic_lambda", o.quadratic_lambda));
+  TANDEM_RETURN_IF_ERROR(
+      check_block("diffusion_block_size", o.diffusion_block_size, 0, {"diffusion", "simsd"}));
+  TANDEM_RETURN_IF_ERROR(check_unit("diffusion_threshold", o.diffusion_threshold));
+  TANDEM_RETURN_IF_ERROR(check_block("nsp_block", o.nsp_block, 0, {"nsp"}));
+  TANDEM_RETURN_IF_ERROR(check_unit("nsp_tau", o.nsp_tau));
+  if (o.nsp_confidence != "logit" && o.nsp_confidence != "entropy") {
+    return bad("nsp_confidence must be 'logit' or 'entropy', got '", o.nsp_confidence, "'");
+  }
+  TANDEM_RETURN_IF_ERROR(check_block("isd_stride", o.isd_stride, 2, {"isd"}));
+  if (o.isd_stride > kMaxIsdStride) {
+    return bad("isd_stride must be in [2, ", kMaxIsdStride, "], got ", o.isd_stride);
+  }
+  if (!(o.isd_tau >= 0.0f) || std::isinf(o.isd_tau)) {
+    return bad("isd_tau must be a finite number >= 0 (0 = lossless), got ", o.isd_tau);
+  }
+  TANDEM_RETURN_IF_ERROR(check_block("simsd_gamma", o.simsd_gamma, 0, {"simsd"}));
+  if (mode == "self_spec_quadratic") {
+    // A step verifies k drafts and drafts k masks after each of them: k (k + 2) tokens.
+    const int64_t k =
+        o.self_spec_draft_len > 0 ? o.self_spec_draft_len : config.diffusion.block_size;
+    if (k * (k + 2) > limits.max_step_tokens) {
+      return bad("self_spec_quadratic with self_spec_draft_len ", k, " needs ", k * (k + 2),
+                 " tokens per step, more than this verifier's step budget of ",
+                 limits.max_step_tokens, " (--max-batch-tokens); ask for a shorter draft");
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool UsesDrafter(std::string_view name) { return name == "spec" || name == "simsd"; }

@@ -56,6 +56,23 @@ struct ModeOptions {
   const DFlashModel* spec_dflash = nullptr;
 };
 
+// Upper bounds on what a request may ask of a mode (every client-controlled size). The block-like
+// options (spec_gamma, jacobi_block_size, self_spec_draft_len, diffusion_block_size, nsp_block,
+// isd_stride, simsd_gamma) are never more than the model's context, and the ones the requested
+// mode reads at most `max_block` tokens; a mode's widest step (self_spec_quadratic's k (k + 2)
+// tokens) fits `max_step_tokens`.
+struct ModeLimits {
+  int max_block = 64;          // a verifier's --max-mode-block
+  int max_step_tokens = 1024;  // the engine's step budget (EngineOptions::max_batch_tokens)
+};
+
+// Every field of `options` within its range and `limits` (0 keeps a field's default where 0
+// means "the model's"), for mode `mode` on a model of `config`: InvalidArgument naming the field,
+// the bound and the value. A request's options are checked with this before a mode is made, so
+// no mode ever plans a step it was not meant to.
+absl::Status CheckModeOptions(std::string_view mode, const ModeOptions& options,
+                              const ModelConfig& config, const ModeLimits& limits);
+
 // Names of the modes this build implements, in the order `tandem --help` lists them.
 std::vector<std::string> ImplementedModes();
 

@@ -114,8 +114,14 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
   }
   seq->max_new = std::min(request.max_tokens - committed, context_ - used);
 
+  TANDEM_RETURN_IF_ERROR(check_ids(request.stop_token_ids, "stop_token_ids"));
+  TANDEM_RETURN_IF_ERROR(CheckSamplingParams(request.sampling));
   std::string mode_name = request.mode;
   if (mode_name.empty() || mode_name == "auto") mode_name = options_.default_mode;
+  // Every client-controlled size is bounded before a mode exists to plan with it.
+  TANDEM_RETURN_IF_ERROR(CheckModeOptions(
+      mode_name, request.mode_options, config,
+      {.max_block = options_.max_mode_block, .max_step_tokens = options_.max_batch_tokens}));
   TANDEM_ASSIGN_OR_RETURN(seq->mode, MakeMode(mode_name, request, seq.get()));
   seq->mode_name = std::string(seq->mode->name());
   seq->lossless = seq->mode->lossless();
@@ -332,6 +338,16 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
       p.draft_step = p.draft_step && seq->mode->last_plan_wanted_drafts();
     }
     const int n = static_cast<int>(p.plan.tokens.size());
+    // A safety net behind CheckModeOptions: a plan far past the step budget (a mode's sizing
+    // bug) ends its sequence instead of stalling every other one.
+    if (n > options_.max_batch_tokens + options_.prefill_chunk + kEngineKvHeadroom) {
+      Finish(
+          seq, FinishReason::kNone,
+          absl::InternalError(absl::StrCat(
+              "mode ", seq->mode_name, " planned a step of ", n, " tokens, past the step budget ",
+              options_.max_batch_tokens, " (engine bug: its options were checked)")));
+      continue;
+    }
     bool placed = true;
     while (!kv_.Reserve(static_cast<SeqId>(seq->id), n)) {
       SeqPtr victim;
@@ -631,11 +647,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LoadedModel* model, Engin
         "the model states no context length (max_position_embeddings); set EngineOptions.context");
   }
   if (options.kv_block_size <= 0 || options.max_batch_tokens <= 0 || options.max_running <= 0 ||
-      options.prefill_chunk <= 0 || options.max_queued < 0) {
+      options.prefill_chunk <= 0 || options.max_queued < 0 || options.max_mode_block <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "engine options must be positive: kv_block_size ", options.kv_block_size,
         ", max_batch_tokens ", options.max_batch_tokens, ", max_running ", options.max_running,
-        ", prefill_chunk ", options.prefill_chunk, ", max_queued ", options.max_queued));
+        ", prefill_chunk ", options.prefill_chunk, ", max_queued ", options.max_queued,
+        ", max_mode_block ", options.max_mode_block));
   }
   const int64_t needed = static_cast<int64_t>(context) + kEngineKvHeadroom;
   if (options.kv_tokens < needed) {

@@ -37,7 +37,9 @@ inline constexpr int kEngineKvHeadroom = 256;
 struct EngineOptions {
   int64_t kv_tokens = 65536;  // KV cache capacity in tokens (all sequences together)
   int kv_block_size = 16;
-  int max_batch_tokens = 1024;      // token budget of one batched forward
+  int max_batch_tokens = 1024;  // token budget of one batched forward
+  // The most tokens a request's block-like mode option may ask for (ModeLimits::max_block).
+  int max_mode_block = 64;
   int max_running = 64;             // resident sequences at most
   int prefill_chunk = 256;          // longest prefill slice of one sequence per step
   int max_queued = 1024;            // Submit answers ResourceExhausted beyond this

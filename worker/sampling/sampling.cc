@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "worker/sampling/philox.h"
 
 namespace tandem {
@@ -271,6 +272,27 @@ double UniformRandom(uint64_t seed, uint64_t position, RngPurpose purpose, uint3
   const PhiloxCounter bits = Philox4x32_10(counter, key);
   const uint64_t mantissa = ((static_cast<uint64_t>(bits[0]) << 32) | bits[1]) >> 11;
   return static_cast<double>(mantissa) * 0x1.0p-53;
+}
+
+absl::Status CheckSamplingParams(const SamplingParams& params) {
+  // The negated comparisons also catch NaN.
+  if (!(params.temperature >= 0) || std::isinf(params.temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "temperature must be a finite number >= 0 (0 = greedy), got ", params.temperature));
+  }
+  if (params.top_k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k must be >= 0 (0 = off), got ", params.top_k));
+  }
+  if (!(params.top_p >= 0 && params.top_p <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_p must be within [0, 1] (1 = off), got ", params.top_p));
+  }
+  if (!(params.min_p >= 0 && params.min_p <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_p must be within [0, 1] (0 = off), got ", params.min_p));
+  }
+  return absl::OkStatus();
 }
 
 int32_t Argmax(std::span<const float> logits) {

@@ -6,6 +6,8 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace tandem {
 
 struct SamplingParams {
@@ -29,6 +31,10 @@ enum class RngPurpose : uint32_t {
 
 // Uniform in [0, 1) from Philox4x32-10 keyed by the seed, counter = (position, purpose, stream).
 double UniformRandom(uint64_t seed, uint64_t position, RngPurpose purpose, uint32_t stream = 0);
+
+// OK when every setting is in range: temperature finite and >= 0, top_k >= 0, top_p and min_p
+// in [0, 1] (NaN is out of range everywhere). InvalidArgument naming the field otherwise.
+absl::Status CheckSamplingParams(const SamplingParams& params);
 
 // Lowest index among ties; NaN counts as -inf; -1 for an empty span.
 int32_t Argmax(std::span<const float> logits);

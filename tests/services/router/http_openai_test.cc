@@ -240,6 +240,10 @@ TEST(HttpOpenAiTest, ErrorsMapGrpcCodes) {
   EXPECT_TRUE(busy["error"]["param"].is_null());
   EXPECT_EQ(busy["error"]["type"], "rate_limit_error");
   EXPECT_EQ(ErrorBody(404, "no", "model", "model_not_found")["error"]["code"], "model_not_found");
+  // The body cpp-httplib refuses before parsing is the client's error, not the server's.
+  json large = ErrorBody(413, "the request body exceeds 8 MiB");
+  EXPECT_EQ(large["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(large["error"]["code"], "payload_too_large");
 }
 
 TEST(HttpOpenAiTest, ModelsListAndIds) {

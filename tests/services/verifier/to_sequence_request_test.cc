@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "services/verifier/verifier_service.h"
 
 namespace tandem {
@@ -160,6 +162,16 @@ TEST_F(ToSequenceRequestTest, RefusesBadModeOptionsNamingTheField) {
   given.set_simsd_gamma(-3);
   ExpectInvalid("simsd_gamma");
   given.clear_simsd_gamma();
+  // Values that were taken for "the model's" or passed as numbers before.
+  given.set_isd_tau(std::numeric_limits<float>::infinity());
+  ExpectInvalid("isd_tau must be a finite number");
+  given.clear_isd_tau();
+  given.set_self_spec_draft_len(-1);
+  ExpectInvalid("self_spec_draft_len must be positive");
+  given.set_self_spec_draft_len(0);
+  given.set_diffusion_block_size(-1);
+  ExpectInvalid("diffusion_block_size must be positive");
+  given.set_diffusion_block_size(0);
   EXPECT_TRUE(Convert().ok());
 }
 
@@ -214,9 +226,17 @@ TEST_F(ToSequenceRequestTest, RefusesBadInput) {
   v1::SamplingParams* sampling = request_.mutable_request()->mutable_sampling();
   sampling->set_temperature(-1);
   ExpectInvalid("temperature");
+  sampling->set_temperature(std::numeric_limits<float>::infinity());
+  ExpectInvalid("temperature must be a finite number");
+  sampling->set_temperature(std::numeric_limits<float>::quiet_NaN());
+  ExpectInvalid("temperature must be a finite number");
   sampling->set_temperature(1);
   sampling->set_top_k(-3);
   ExpectInvalid("top_k");
+  sampling->set_top_k(-1);  // off, as over HTTP
+  absl::StatusOr<SequenceRequest> off = Convert();
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->sampling.top_k, 0);
   sampling->set_top_k(0);
   sampling->set_top_p(1.5f);
   ExpectInvalid("top_p");

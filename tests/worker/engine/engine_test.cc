@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -527,6 +528,72 @@ TEST_F(EngineTest, RejectsBadInput) {
   unknown.default_mode = "telepathy";
   EXPECT_EQ(Engine::Create(model_, unknown, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Every size a request controls is bounded before a mode plans with it (the step that froze a
+// verifier for minutes: self_spec_quadratic with a draft length of 100000), and every float is
+// finite: INVALID_ARGUMENT naming the field and the bound, and nothing reaches the sink.
+TEST_F(EngineTest, RefusesModeOptionsAndSamplingPastTheirBounds) {
+  auto engine = MakeEngine({});
+  ASSERT_NE(engine, nullptr);
+  auto sink = std::make_shared<CollectingSink>();
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const SequenceRequest good = Request({.mode = "ar", .prompt = 0});
+  auto expect_invalid = [&](const std::string& mode, auto set, const std::string& message) {
+    SequenceRequest r = good;
+    r.mode = mode;
+    set(r);
+    absl::StatusOr<uint64_t> id = engine->Submit(std::move(r), sink);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(id.status().message().find(message), std::string::npos) << id.status();
+  };
+  expect_invalid(
+      "self_spec_quadratic",
+      [](SequenceRequest& r) { r.mode_options.self_spec_draft_len = 100000; },
+      "self_spec_draft_len must be in [0, 64] (0 = the default) for mode");
+  expect_invalid(
+      "self_spec", [](SequenceRequest& r) { r.mode_options.self_spec_draft_len = 100000; },
+      "self_spec_draft_len must be in [0, 64] (0 = the default) for mode");
+  // A mode that does not read the option still refuses a size past the model's context.
+  expect_invalid(
+      "ar", [](SequenceRequest& r) { r.mode_options.self_spec_draft_len = 100000; },
+      "(the model's context)");
+  expect_invalid(
+      "self_spec", [](SequenceRequest& r) { r.mode_options.self_spec_draft_len = -1; },
+      "self_spec_draft_len must be in [0, 64] (0 = the default) for mode");
+  expect_invalid(
+      "diffusion", [](SequenceRequest& r) { r.mode_options.diffusion_block_size = 100000; },
+      "diffusion_block_size must be in [0, 64] (0 = the default) for mode");
+  expect_invalid(
+      "diffusion", [](SequenceRequest& r) { r.mode_options.diffusion_block_size = -1; },
+      "diffusion_block_size must be in [0, 64] (0 = the default) for mode");
+  expect_invalid(
+      "nsp", [](SequenceRequest& r) { r.mode_options.nsp_block = 100000; },
+      "nsp_block must be in [0, 64] (0 = the default) for mode nsp");
+  expect_invalid(
+      "isd", [](SequenceRequest& r) { r.mode_options.isd_tau = inf; }, "isd_tau must be a finite");
+  expect_invalid(
+      "ar", [](SequenceRequest& r) { r.sampling.temperature = inf; }, "temperature must be");
+  expect_invalid(
+      "ar", [](SequenceRequest& r) { r.stop_token_ids = {1 << 30}; },
+      "stop_token_ids has token id 1073741824 outside the vocabulary");
+  // Within --max-mode-block but wider than the step budget: k (k + 2) > max_batch_tokens.
+  expect_invalid(
+      "self_spec_quadratic", [](SequenceRequest& r) { r.mode_options.self_spec_draft_len = 40; },
+      "needs 1680 tokens per step, more than this verifier's step budget of 1024");
+  EXPECT_EQ(sink->events(), 0);
+
+  // The bound is the engine's option: a smaller --max-mode-block refuses a smaller block.
+  EngineOptions tight;
+  tight.max_mode_block = 4;
+  auto strict = MakeEngine(tight);
+  ASSERT_NE(strict, nullptr);
+  SequenceRequest r = good;
+  r.mode = "self_spec";
+  r.mode_options.self_spec_draft_len = 8;
+  EXPECT_EQ(strict->Submit(r, sink).status().code(), absl::StatusCode::kInvalidArgument);
+  r.mode_options.self_spec_draft_len = 4;
+  EXPECT_TRUE(strict->Submit(r, sink).ok());
 }
 
 TEST_F(EngineTest, FullQueueIsResourceExhaustedAndBackloggedSinksWait) {
