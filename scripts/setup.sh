@@ -23,7 +23,7 @@ readonly packages=(
   libabsl-dev prometheus-cpp-dev libhiredis-dev libopenblas-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev
-  redis-server curl
+  redis-server curl prometheus
   python3 python3-venv python3-pip python3-grpcio python3-protobuf python3-matplotlib
   openssl
 )

@@ -7,6 +7,7 @@
 # 2. DIR (default build/): Ninja, RelWithDebInfo, every target, then ctest in parallel
 # 3. DIR/fuzz: the clang libFuzzer build of the parsers (-DTANDEM_FUZZERS=ON) and its ctest
 # -R REGEX is passed to both ctest runs; --no-fuzz skips step 3.
+# With CI=true (.ci/run sets it) a skipped test fails the run unless it is a GPU test (label cuda).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,7 +16,7 @@ readonly started=$SECONDS
 jobs="$(nproc)"
 readonly jobs
 
-usage() { sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,11s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 build="$repo/build"
 regex=""
@@ -76,6 +77,20 @@ run_ctest() {
     total_tests=$((total_tests + BASH_REMATCH[2]))
   fi
   total_skipped=$((total_skipped + $(grep -c -E '\*\*\*Skipped' "$log" || true)))
+  # In CI only the GPU tests (label cuda) may skip: setup.sh installs every other tool, so a
+  # skip there would hide a broken setup.
+  if [[ "${CI:-}" == "true" ]]; then
+    local unexpected
+    unexpected="$(comm -23 \
+      <(sed -n -E 's/.*Test +#[0-9]+: ([^ ]+) .*\*\*\*Skipped.*/\1/p' "$log" | sort -u) \
+      <(ctest --test-dir "$dir" -N -L cuda | sed -n -E 's/.*Test +#[0-9]+: ([^ ]+).*/\1/p' |
+        sort -u))"
+    if [[ -n "$unexpected" ]]; then
+      echo "test: CI=true and these tests skipped (only GPU tests may):" >&2
+      echo "$unexpected" | sed 's/^/  /' >&2
+      failed=1
+    fi
+  fi
 }
 
 stage "setup"
