@@ -17,10 +17,13 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Extends with at most this many new tokens take the direct path (decode): dot products straight
-// from the paged cache, K and V read once, nothing gathered. From two new tokens on, the GEMM
-// path is faster (measured at 300 and 2000 keys, 12/4 heads of 64); at one they are even.
-constexpr int kDirectMaxTokens = 1;
+// Extends with at most this many new tokens take the direct path (decode and short verify
+// steps): dot products straight from the paged cache, nothing gathered, each query computed
+// exactly as a one-token step computes it, so such a step's attention equals a decode step's bit
+// for bit (with kernels/cpu/rows_gemm.h the whole step is then batch invariant). Longer extends
+// take the GEMM path, faster from about 8 new tokens on (bench engine's grid, 12/4 heads of 64
+// at 512 keys: a 16-token extend 33 ms against 40 direct; 4 tokens 18.7 against 18.2).
+constexpr int kDirectMaxTokens = 4;
 // Rows (query, q head) of one score tile on the GEMM path. A tile's scores, [rows, keys], stay
 // in cache between the two products and the softmax; fewer rows also compute less of the causal
 // triangle's far side. 64 to 256 measure alike; 128 is the middle.
@@ -305,6 +308,11 @@ TileBuffers Carve(const AttentionParams& p, float* at) {
   return b;
 }
 
+// One thread's share of the GEMM path's workspace: K and V of one head, and the tile buffers.
+size_t GemmWorkspaceOneThread(const AttentionParams& p) {
+  return 2 * (static_cast<size_t>(p.context_len) + p.new_tokens) * p.head_dim + TileFloats(p);
+}
+
 // Queries [i0, i0 + queries) against kv head g, whose gathered K/V are `keys`/`values`.
 void Tile(const AttentionParams& p, int g, int i0, int queries, const float* keys,
           const float* values, const TileBuffers& b) {
@@ -356,14 +364,13 @@ void Tile(const AttentionParams& p, int g, int i0, int queries, const float* key
   }
 }
 
-// Many new tokens (prefill, verifies): per kv head, the sequence's K and V rows that any query
-// sees are gathered into contiguous [total, head_dim] buffers once; then per tile of queries,
+// Many new tokens (prefill): per kv head, the sequence's K and V rows that any query sees are
+// gathered into contiguous [total, head_dim] buffers once; then per tile of queries,
 // S = scale · Q K^T and O = P V are two SGEMMs over the keys [k_lo, k_hi) some row of the tile
-// sees. OpenBLAS threads the products itself; nothing here runs an OpenMP team around or between
-// them (measured: OpenMP threads and OpenBLAS's spin against each other, and single-threaded
-// BLAS calls from OpenMP workers need a global OpenBLAS setting).
+// sees. The kv heads split across the ops' OpenMP pool, each calling single-threaded OpenBLAS
+// (gemm.cc: one pool for every op).
 //
-// Workspace: K and V [total, head_dim] each, then the tile buffers (TileFloats).
+// Workspace per thread: K and V [total, head_dim] each, then the tile buffers (TileFloats).
 void InvokeGemm(const AttentionParams& p, float* workspace) {
   const int total = p.context_len + p.new_tokens;
   const int tile_queries = TileQueries(p);
@@ -374,10 +381,12 @@ void InvokeGemm(const AttentionParams& p, float* workspace) {
     gather_lo = std::min(gather_lo, v.lo);
     gather_hi = std::max(gather_hi, v.hi);
   }
-  float* keys = workspace;
-  float* values = keys + static_cast<size_t>(total) * p.head_dim;
-  const TileBuffers b = Carve(p, values + static_cast<size_t>(total) * p.head_dim);
+  const size_t per_thread = GemmWorkspaceOneThread(p);
+#pragma omp parallel for schedule(static) num_threads(CpuThreads())
   for (int g = 0; g < p.kv_heads; ++g) {
+    float* keys = workspace + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+    float* values = keys + static_cast<size_t>(total) * p.head_dim;
+    const TileBuffers b = Carve(p, values + static_cast<size_t>(total) * p.head_dim);
     GatherHead(p, g, gather_lo, gather_hi, keys, values);
     for (int i0 = 0; i0 < p.new_tokens; i0 += tile_queries) {
       Tile(p, g, i0, std::min(tile_queries, p.new_tokens - i0), keys, values, b);
@@ -385,9 +394,7 @@ void InvokeGemm(const AttentionParams& p, float* workspace) {
   }
 }
 
-size_t GemmWorkspace(const AttentionParams& p) {
-  return 2 * (static_cast<size_t>(p.context_len) + p.new_tokens) * p.head_dim + TileFloats(p);
-}
+size_t GemmWorkspace(const AttentionParams& p) { return GemmWorkspaceOneThread(p) * CpuThreads(); }
 
 }  // namespace
 

@@ -1,13 +1,16 @@
-// Linear / LinearAccumulate against a double-precision reference, for the GEMV (one row) and
-// GEMM paths, with outputs that start as NaN so a product that reads them is caught.
+// Linear / LinearAccumulate against a double-precision reference, for the few-rows kernel
+// (rows_gemm.h, up to kRowsMaxM rows) and the GEMM path, with outputs that start as NaN so a
+// product that reads them is caught; and the few-rows kernel's batch invariance.
 #include "kernels/cpu/gemm.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/rows_gemm.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -72,9 +75,53 @@ TEST_P(LinearTest, AccumulateAddsScaledProduct) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
-                         ::testing::Combine(::testing::Values(1, 3, 17),
+                         ::testing::Combine(::testing::Values(1, 3, 4, 5, 16, 17),
                                             ::testing::Values(1, 7, 300),
                                             ::testing::Values(1, 5, 768), ::testing::Bool()));
+
+// Row j of an m-row product is the one-row product of x's row j bit for bit, for every m the
+// few-rows kernel takes and sizes that leave partial tiles and vector tails: a verify step's
+// products equal the decode steps' (rows_gemm.h).
+TEST(RowsGemmTest, EveryRowEqualsItsOneRowProductExactly) {
+  std::mt19937 rng(7);
+  for (const int k : {5, 16, 67, 768}) {
+    for (const int n : {1, 6, 33, 301}) {
+      const std::vector<float> x = Random(static_cast<size_t>(kRowsMaxM) * k, rng);
+      const std::vector<float> w = Random(static_cast<size_t>(n) * k, rng);
+      std::vector<float> single(static_cast<size_t>(kRowsMaxM) * n);
+      for (int j = 0; j < kRowsMaxM; ++j) {
+        Linear(x.data() + static_cast<size_t>(j) * k, w.data(), nullptr,
+               single.data() + static_cast<size_t>(j) * n, 1, n, k);
+      }
+      for (int m = 2; m <= kRowsMaxM; ++m) {
+        std::vector<float> many(static_cast<size_t>(m) * n);
+        Linear(x.data(), w.data(), nullptr, many.data(), m, n, k);
+        EXPECT_EQ(std::memcmp(many.data(), single.data(), many.size() * sizeof(float)), 0)
+            << "m " << m << " n " << n << " k " << k << " (" << RowsKernelName() << ")";
+      }
+    }
+  }
+}
+
+TEST(RowsGemmTest, StridedOutputsLeaveTheRestAlone) {
+  std::mt19937 rng(11);
+  const int m = 3, n = 5, k = 40, ldy = 9;
+  const std::vector<float> x = Random(static_cast<size_t>(m) * k, rng);
+  const std::vector<float> w = Random(static_cast<size_t>(n) * k, rng);
+  std::vector<float> y(static_cast<size_t>(m) * ldy, 42.0f);
+  InvokeRows({.x = x.data(), .w = w.data(), .y = y.data(), .m = m, .n = n, .k = k, .ldy = ldy});
+  const std::vector<double> want = Reference(x, w, nullptr, m, n, k);
+  for (int r = 0; r < m; ++r) {
+    for (int c = 0; c < ldy; ++c) {
+      const float got = y[static_cast<size_t>(r) * ldy + c];
+      if (c < n) {
+        EXPECT_NEAR(got, want[static_cast<size_t>(r) * n + c], 1e-4) << r << ", " << c;
+      } else {
+        EXPECT_EQ(got, 42.0f) << "column " << c << " past n was written";
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace tandem::kernels::cpu
