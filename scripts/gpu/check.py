@@ -473,14 +473,19 @@ def torch_peer(run, deadline):
 
 # --- modes ------------------------------------------------------------------------------------
 
-MODES_ARGS = ["bench", "modes", "--json", "--tokens", "--prompts", "2", "--max-tokens", "48"]
+def modes_args(run):
+    """`bench modes` for the GPU and its CPU reference alike; the rehearsal runs both on the CPU,
+    at once, so it asks for one prompt per category and short outputs."""
+    size = ["--prompts", "1", "--max-tokens", "16"] if run.device == "cpu" else [
+        "--prompts", "2", "--max-tokens", "48"]
+    return ["bench", "modes", "--json", "--tokens", *size]
 
 
 def start_cpu_reference(run):
     """`bench modes` on the CPU in the background, from the start of the run: the reference
     the GPU's greedy outputs are compared with. Eight threads, so the tests step keeps cores;
     it is done before the timed steps start."""
-    argv = [run.bin("tandem")] + MODES_ARGS + ["--device", "cpu", "--threads", "8"]
+    argv = [run.bin("tandem")] + modes_args(run) + ["--device", "cpu", "--threads", "8"]
     run.note(f"\n$ {' '.join(argv)}   (background: the CPU reference of the modes step)")
     holder = {"argv": argv, "started": time.monotonic()}
 
@@ -517,7 +522,7 @@ def compare_outputs(gpu, cpu):
 
 
 def modes(run, deadline):
-    argv = [run.bin("tandem")] + MODES_ARGS + ["--device", run.device]
+    argv = [run.bin("tandem")] + modes_args(run) + ["--device", run.device]
     code, stdout, seconds = run.execute(argv, deadline - time.monotonic())
     gpu = parse_json(stdout) if code == 0 else None
     if gpu is None:
