@@ -55,7 +55,11 @@ absl::StatusOr<RunningServer> StartServer(const ServerFlags& flags,
 // the chosen port from this line.
 void AnnounceListening(std::string_view role, const std::string& address);
 
-// A channel to `address` with TLS when `tls.ca` is set, else insecure.
+// The longest a client channel waits between reconnect attempts to a peer that is away.
+inline constexpr int kReconnectBackoffMs = 1000;
+
+// A channel to `address` with TLS when `tls.ca` is set, else insecure; keepalives notice a dead
+// peer within seconds, and reconnect attempts are at most kReconnectBackoffMs apart.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const ClientTlsFlags& tls);
 

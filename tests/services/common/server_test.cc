@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "grpcpp/generic/generic_stub.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -93,6 +95,38 @@ TEST(ServerTest, InsecureServerServesHealthOnAnOsChosenPort) {
   ASSERT_TRUE(channel.ok());
   EXPECT_TRUE(CheckHealth(*channel).ok());
   server->server->Shutdown();
+}
+
+// A peer away for 20 s is reached again within about a second of listening: with gRPC's default
+// reconnect backoff (1 s growing by 1.6 up to 120 s) the next attempt after a 20 s outage comes
+// 4-8 s late.
+TEST(ServerTest, ChannelReconnectsSoonAfterALongOutage) {
+  int port = 0;
+  {
+    absl::StatusOr<RunningServer> first = StartServer({.listen = "127.0.0.1:0"}, {});
+    ASSERT_TRUE(first.ok()) << first.status();
+    port = first->port;
+    first->server->Shutdown();
+  }
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(address, {});
+  ASSERT_TRUE(channel.ok());
+  const auto outage_end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < outage_end) {
+    EXPECT_FALSE(CheckHealth(*channel).ok());  // fails fast: nothing listens
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  absl::StatusOr<RunningServer> back = StartServer({.listen = address}, {});
+  ASSERT_TRUE(back.ok()) << back.status();
+  const auto listening = std::chrono::steady_clock::now();
+  while (!CheckHealth(*channel).ok()) {
+    ASSERT_LT(std::chrono::steady_clock::now() - listening, std::chrono::seconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - listening).count();
+  EXPECT_LT(seconds, 2.5) << "reconnected " << seconds << " s after the peer listened again";
+  back->server->Shutdown();
 }
 
 TEST(ServerTest, ClearErrors) {
