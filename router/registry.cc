@@ -88,19 +88,36 @@ RegistryView::Changes RegistryView::Apply(const std::vector<WorkerRecord>& recor
   }
   for (const auto& [address, index] : registered_) {
     if (registered.count(address) > 0 || static_.count(index) > 0) continue;
+    // Gone from the registry but still answering the router's polls: the registry lost its data
+    // (Redis restarted empty) and the worker's next heartbeat registers it again. It stays in
+    // service until it stops answering, then the next listing without it retires it.
+    if (pool_->Healthy(index)) {
+      registered[address] = index;
+      continue;
+    }
     pool_->SetRetired(index, true);
-    pool_->SetHealthy(index, false);
     changes.removed.push_back("verifier " + address);
   }
+  auto listed = [&](const std::string& address) {
+    return std::any_of(drafters.begin(), drafters.end(),
+                       [&](const auto& d) { return d.address == address; });
+  };
   for (const WorkerRecord& drafter : drafters) {
     const bool known = std::any_of(drafters_.begin(), drafters_.end(),
                                    [&](const auto& d) { return d.address == drafter.address; });
     if (!known) changes.added.push_back("drafter " + drafter.address);
+    drafter_absences_.erase(drafter.address);
   }
+  // The router does not poll drafters: one missing from a few listings in a row is kept (a
+  // registry that lost its data has it back within a heartbeat), then dropped.
   for (const WorkerRecord& drafter : drafters_) {
-    const bool kept = std::any_of(drafters.begin(), drafters.end(),
-                                  [&](const auto& d) { return d.address == drafter.address; });
-    if (!kept) changes.removed.push_back("drafter " + drafter.address);
+    if (listed(drafter.address)) continue;
+    if (++drafter_absences_[drafter.address] < kDrafterAbsentListings) {
+      drafters.push_back(drafter);
+      continue;
+    }
+    drafter_absences_.erase(drafter.address);
+    changes.removed.push_back("drafter " + drafter.address);
   }
   registered_ = std::move(registered);
   drafters_ = std::move(drafters);

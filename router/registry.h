@@ -24,6 +24,10 @@ namespace tandem::router {
 
 inline constexpr std::string_view kWorkerKeyPrefix = "tandem:worker:";
 
+// Listings in a row a drafter may be missing from before the router drops it: about 5 s at the
+// watcher's 1 s period, past the publishers' 2 s heartbeat.
+inline constexpr int kDrafterAbsentListings = 5;
+
 // What a worker says about itself in the registry. Fields are only ever added.
 struct WorkerRecord {
   std::string role;       // "verifier" | "drafter"
@@ -56,8 +60,11 @@ class RegistryView {
     std::vector<std::string> removed;  // and of those whose registration is gone
   };
   // Applies one complete listing of the registry: registered verifiers join the pool (or come
-  // back), verifiers that registered before and are absent now are retired, drafters are
-  // replaced. Not called while the registry cannot be read: the last view stands.
+  // back); a verifier that registered before and is absent now is retired once the pool has it
+  // unhealthy (it stopped answering the router's polls: an answering one is only missing from a
+  // registry that lost its data, e.g. a Redis restart, until its next heartbeat); drafters are
+  // replaced, one that is absent from kDrafterAbsentListings listings in a row dropped. Not
+  // called while the registry cannot be read: the last view stands.
   Changes Apply(const std::vector<WorkerRecord>& records);
 
   // A registered drafter that is not draining, the least busy, rotating among equals; "" when
@@ -71,6 +78,8 @@ class RegistryView {
   std::set<size_t> static_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, size_t> registered_ ABSL_GUARDED_BY(mu_);  // verifier address -> index
   std::vector<WorkerRecord> drafters_ ABSL_GUARDED_BY(mu_);
+  // Listings in a row each kept drafter has been missing from.
+  std::map<std::string, int> drafter_absences_ ABSL_GUARDED_BY(mu_);
   size_t next_drafter_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

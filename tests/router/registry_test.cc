@@ -60,12 +60,18 @@ TEST(RegistryViewTest, RegisteredVerifiersJoinAndExpiredOnesAreRetired) {
   EXPECT_EQ(pool.address(1), "a:1");
   EXPECT_FALSE(pool.Retired(1));
 
-  // A listing without b: b is retired; its index stays.
+  // A listing without b while b answers the router's polls (the registry lost its data): b
+  // stays in service.
   pool.SetHealthy(2, true);
+  changes = view.Apply({Verifier("a", "a:1")});
+  EXPECT_TRUE(changes.removed.empty());
+  EXPECT_FALSE(pool.Retired(2));
+  // b stops answering (the monitor marks it down): the next listing without it retires it; its
+  // index stays.
+  pool.SetHealthy(2, false);
   changes = view.Apply({Verifier("a", "a:1")});
   EXPECT_EQ(changes.removed, (std::vector<std::string>{"verifier b:1"}));
   EXPECT_TRUE(pool.Retired(2));
-  EXPECT_FALSE(pool.Healthy(2));
   EXPECT_FALSE(pool.Retired(1));
 
   // b comes back (a restart at the same address): same index, revived.
@@ -93,6 +99,7 @@ TEST(RegistryViewTest, RetiredVerifiersAreOutOfModelsAndAcquire) {
   pool.SetHealthy(0, true);
   ASSERT_EQ(pool.Models().size(), 1u);
   ASSERT_TRUE(pool.Acquire("m", "ar").ok());
+  pool.SetHealthy(0, false);  // gone from the registry and no longer answering
   view.Apply({});
   EXPECT_TRUE(pool.Models().empty());
   EXPECT_EQ(pool.Acquire("m", "ar").status().code(), absl::StatusCode::kUnavailable);
@@ -109,9 +116,51 @@ TEST(RegistryViewTest, PicksTheLeastBusyDrafterThatIsNotDraining) {
   view.Apply({draining, Drafter("d1", "d1:1", 5), Drafter("d2", "d2:1", 1)});
   EXPECT_EQ(view.PickDrafter(), "d2:1");
   EXPECT_EQ(view.Drafters().size(), 3u);
-  RegistryView::Changes changes = view.Apply({Drafter("d1", "d1:1", 5)});
+  // Drafters missing from a listing are kept for a few (a registry that lost its data has them
+  // back within a heartbeat), then dropped.
+  RegistryView::Changes changes;
+  for (int listing = 1; listing < kDrafterAbsentListings; ++listing) {
+    changes = view.Apply({Drafter("d1", "d1:1", 5)});
+    EXPECT_TRUE(changes.removed.empty()) << listing;
+    EXPECT_EQ(view.Drafters().size(), 3u);
+  }
+  changes = view.Apply({Drafter("d1", "d1:1", 5)});
   EXPECT_EQ(changes.removed, (std::vector<std::string>{"drafter d0:1", "drafter d2:1"}));
   EXPECT_EQ(view.PickDrafter(), "d1:1");
+  // One that comes back in time is never dropped.
+  view.Apply({Drafter("d1", "d1:1", 5), Drafter("d2", "d2:1", 1)});
+  for (int listing = 1; listing < kDrafterAbsentListings; ++listing) {
+    view.Apply({Drafter("d1", "d1:1", 5)});
+  }
+  changes = view.Apply({Drafter("d1", "d1:1", 5), Drafter("d2", "d2:1", 1)});
+  EXPECT_TRUE(changes.removed.empty());
+  EXPECT_EQ(view.Drafters().size(), 2u);
+}
+
+// Redis restarted empty: the listing is empty until the workers' next heartbeats. Answering
+// verifiers stay in service throughout (before, every one was dropped and requests failed with
+// "no healthy verifier" until each registered again).
+TEST(RegistryViewTest, AnEmptiedRegistryKeepsAnsweringVerifiersInService) {
+  VerifierPool pool({});
+  RegistryView view(&pool);
+  view.Apply({Verifier("a", "a:1"), Verifier("b", "b:1"), Drafter("d", "d:1", 0)});
+  for (size_t i = 0; i < 2; ++i) {
+    pool.SetInfo(i, VerifierInfo{.model = "m", .modes = {"ar"}, .max_context = 512});
+    pool.SetHealthy(i, true);
+  }
+  for (int listing = 0; listing < 3; ++listing) {
+    RegistryView::Changes changes = view.Apply({});
+    EXPECT_TRUE(changes.removed.empty());
+    absl::StatusOr<size_t> acquired = pool.Acquire("m", "ar");
+    ASSERT_TRUE(acquired.ok()) << acquired.status();
+    pool.Release(*acquired);
+    EXPECT_EQ(view.PickDrafter(), "d:1");
+  }
+  // The heartbeats register them again: nothing was ever removed, so nothing is added.
+  RegistryView::Changes back =
+      view.Apply({Verifier("a", "a:1"), Verifier("b", "b:1"), Drafter("d", "d:1", 0)});
+  EXPECT_TRUE(back.added.empty());
+  EXPECT_TRUE(back.removed.empty());
 }
 
 TEST(VerifierPoolTest, AcquireAvoidsTheVerifierThatJustFailed) {
