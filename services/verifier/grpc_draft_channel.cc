@@ -27,6 +27,7 @@ struct GrpcDraftChannel::Core {
   std::string address;
   ChainCallback on_chain;
   size_t max_queued = 0;
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Drafter::Stub> stub;
   grpc::ClientContext context;
   Stream* stream = nullptr;  // set before the call starts; valid until `done`
@@ -259,6 +260,7 @@ std::unique_ptr<GrpcDraftChannel> GrpcDraftChannel::Create(std::shared_ptr<grpc:
   core->address = std::move(address);
   core->on_chain = std::move(on_chain);
   core->max_queued = max_queued;
+  core->channel = channel;
   core->stub = v1::Drafter::NewStub(std::move(channel));
   core->stream = new Stream(core);
   core->stream->Start();
@@ -345,6 +347,11 @@ void GrpcDraftChannel::Close(uint64_t session) {
 }
 
 bool GrpcDraftChannel::healthy() const { return core_->healthy; }
+
+bool GrpcDraftChannel::connected() const {
+  // try_to_connect: a channel that went idle or failed starts connecting again now.
+  return core_->channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
+}
 
 std::vector<int32_t> GrpcDraftChannel::hidden_layers() const {
   absl::MutexLock lock(&core_->info_mu);

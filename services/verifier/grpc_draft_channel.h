@@ -65,6 +65,7 @@ class GrpcDraftChannel final : public DraftChannel {
                        const HiddenRows& hidden) override;
   void Close(uint64_t session) override;
   bool healthy() const override;
+  bool connected() const override;  // the gRPC channel is READY
   std::vector<int32_t> hidden_layers() const override;
   // Waits up to `timeout` for the drafter's GetInfo answer (or its failure); true once it came.
   bool WaitForInfo(absl::Duration timeout) const;

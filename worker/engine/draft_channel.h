@@ -113,6 +113,10 @@ class DraftChannel {
   // False once the channel is broken for good (the engine then opens a new one on the next
   // request that names this drafter).
   virtual bool healthy() const = 0;
+  // Whether the drafter is reachable now (a transport that can tell: connected). A driver does
+  // not wait for chains from a channel that is not: a drafter that is down costs no step any
+  // time, and drafting resumes when it is back. Default: always.
+  virtual bool connected() const { return true; }
   // The target layers whose hidden states the drafter wants with every final token (each in
   // [0, num_layers]: the residual stream after that many layers); empty = none, which is also
   // the answer until the drafter has said. Callers read it once per session, at Open.

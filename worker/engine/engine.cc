@@ -174,6 +174,7 @@ void Engine::Impl::HandleMessages(std::vector<EngineMessage> messages) {
       auto it = live_.find(chain->chain.session);
       if (it == live_.end() || !it->second->spec) continue;
       it->second->chain.Merge(std::move(chain->chain), it->second->tokens);
+      late_steps_[it->second->drafter_address] = 0;  // the drafter is back: wait for it again
     }
     // Drain: the flag is already set; the message only wakes the loop.
   }
@@ -491,6 +492,11 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
                                              .wait = wait});
     }
     s.decoding = true;
+    if (result->drafted > 0) {
+      late_steps_[s.drafter_address] = 0;
+    } else if (p.draft_step && s.chain.enabled) {
+      ++late_steps_[s.drafter_address];
+    }
     if (options_.observer != nullptr) {
       if (result->drafted > 0) {
         options_.observer->OnDraftVerified(s.mode_name, result->drafted, result->accepted);

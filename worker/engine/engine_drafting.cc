@@ -16,6 +16,9 @@ constexpr int kAcceptanceProbeEvery = 8;
 // The longest a sequence whose drafts decide its output (simsd) waits for its γ drafts (see
 // WaitForChains).
 constexpr absl::Duration kExactDraftWait = absl::Seconds(5);
+// Draft steps in a row without a draft after which a drafter's sequences stop waiting for it:
+// a silent drafter then costs three draft timeouts, not one per step.
+constexpr int kLateStepsBeforeNoWait = 3;
 
 }  // namespace
 
@@ -132,6 +135,13 @@ void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
       // So such a sequence waits for γ drafts (blocks are full even when the budget ends inside
       // one) and longer; a broken channel still ends the wait at once.
       const bool exact = seq->mode->drafts_decide_output();
+      // A drafter that cannot be reached, or that let several steps in a row go without a
+      // draft, is not waited for: its sequences take their steps without drafts (AR) at once,
+      // and draft again as soon as its chains come. Modes whose drafts decide the output wait.
+      if (!exact && ((seq->channel != nullptr && !seq->channel->connected()) ||
+                     late_steps_[seq->drafter_address] >= kLateStepsBeforeNoWait)) {
+        continue;
+      }
       const int room = context_ - static_cast<int>(seq->tokens.size());
       if (seq->step_gamma <= 0 || (!exact && seq->budget() < 2) || room <= 0 ||
           !ModePlansNext(*seq)) {

@@ -176,6 +176,10 @@ class Engine::Impl {
   std::vector<SeqPtr> running_;  // by admit_order, oldest first
   std::unordered_map<uint64_t, SeqPtr> live_;
   std::map<std::string, std::shared_ptr<DraftChannel>> channels_;
+  // Per drafter address: draft steps in a row that had no draft to verify. From
+  // kLateStepsBeforeNoWait on, steps stop waiting for that drafter's chains (a drafter that is
+  // up but silent, or hung); a chain from it starts the waits again.
+  std::map<std::string, int> late_steps_;
   int64_t admissions_ = 0;
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;

@@ -370,6 +370,29 @@ TEST_F(EngineTest, DyingDrafterLeavesOutputsExactWithoutErrors) {
   }
 }
 
+// A drafter that is up but sends nothing costs its sequences a few draft timeouts, not one per
+// step; one the channel cannot reach costs none (before: every step of every spec sequence
+// waited the full timeout, and a dead drafter multiplied request latency several times).
+TEST_F(EngineTest, ASilentOrUnreachableDrafterCostsAFewDraftTimeoutsAtMost) {
+  for (auto failure :
+       {InProcessDraftChannel::Failure::kSilent, InProcessDraftChannel::Failure::kUnreachable}) {
+    failure_ = failure;
+    chains_before_failure_ = 2;  // a couple of drafts, then nothing
+    EngineOptions options;
+    options.draft_timeout = absl::Seconds(1);
+    auto engine = MakeEngine(options);
+    ASSERT_NE(engine, nullptr);
+    const absl::Time start = absl::Now();
+    ExpectMatchesReference(*engine, Jobs({"spec"}, 2));  // 2 x kNewTokens steps, exact
+    const absl::Duration took = absl::Now() - start;
+    // Silent: three steps wait the timeout, then none. Unreachable: none waits. (Before: ~24 s.)
+    const absl::Duration bound = failure == InProcessDraftChannel::Failure::kSilent
+                                     ? absl::Seconds(3) + absl::Seconds(4)
+                                     : absl::Seconds(4);
+    EXPECT_LT(took, bound) << "failure " << static_cast<int>(failure);
+  }
+}
+
 TEST_F(EngineTest, MaxTokensAndUsage) {
   auto engine = MakeEngine({});
   ASSERT_NE(engine, nullptr);

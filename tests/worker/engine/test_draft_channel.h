@@ -28,7 +28,9 @@ namespace tandem::testing {
 
 class InProcessDraftChannel : public DraftChannel {
  public:
-  enum class Failure { kNone, kError, kSilent };
+  // After `chains_before_failure` chains: kError breaks the channel (error chains, unhealthy),
+  // kSilent sends nothing more, kUnreachable sends nothing more and says it is not connected.
+  enum class Failure { kNone, kError, kSilent, kUnreachable };
 
   // What a session received: its tokens (prompt + appended) and its hidden rows in order.
   struct Received {
@@ -109,6 +111,11 @@ class InProcessDraftChannel : public DraftChannel {
   bool healthy() const override {
     absl::MutexLock lock(&mu_);
     return !broken_;
+  }
+
+  bool connected() const override {
+    absl::MutexLock lock(&mu_);
+    return !(failure_ == Failure::kUnreachable && chains_left_ <= 0);
   }
 
   std::vector<int32_t> hidden_layers() const override { return hidden_layers_; }
