@@ -145,7 +145,8 @@ inline __attribute__((always_inline)) void Rows(const RowsProduct& p, int r0, in
 
 // Every weight row of [r0, r1) against every input row, R weight rows per tile; one input row (a
 // decode step) streams the weights a row at a time: sharing a tile's weight loads pays only when
-// several input rows use them (measured: 42 against 33 GB/s on two Zen 4 cores).
+// several input rows use them (measured, n 4096 x k 768 on two Zen 4 cores: 42-56 GB/s a row
+// at a time against 33 with 4-row tiles).
 template <int W, int R>
 inline __attribute__((always_inline)) void Product(const RowsProduct& p, int r0, int r1) {
   if (p.m == 1) {
