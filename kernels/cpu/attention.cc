@@ -382,7 +382,8 @@ void InvokeGemm(const AttentionParams& p, float* workspace) {
     gather_hi = std::max(gather_hi, v.hi);
   }
   const size_t per_thread = GemmWorkspaceOneThread(p);
-#pragma omp parallel for schedule(static) num_threads(CpuThreads())
+  const int64_t work = static_cast<int64_t>(p.q_heads) * p.new_tokens * total * p.head_dim;
+#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (work > kParallelWork)
   for (int g = 0; g < p.kv_heads; ++g) {
     float* keys = workspace + static_cast<size_t>(omp_get_thread_num()) * per_thread;
     float* values = keys + static_cast<size_t>(total) * p.head_dim;
