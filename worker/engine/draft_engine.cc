@@ -113,6 +113,7 @@ class DraftEngine::Loop {
     return false;
   }
 
+  // One step: block drafts, DFlash drafts or autoregressive drafts, by the drafter's kind.
   void Step();
 
   DraftEngineStats Stats() const {
@@ -354,6 +355,18 @@ class DraftEngine::Loop {
 
   // The DFlash path: one block per session whose tokens or rows changed.
   void DFlashStep();
+  // The autoregressive step and its stages.
+  struct ArPlanned {
+    Session* s;
+    int n;  // tokens fed
+    std::vector<int32_t> positions;
+    int32_t output;  // index of the last fed token
+  };
+  void ArStep();
+  std::vector<ArPlanned> PlanAr(const std::vector<Session*>& candidates);
+  void CommitAr(const std::vector<ArPlanned>& planned, const std::vector<ExtendOutput>& out);
+  // The step's time and tokens to the stats' averages and the observer.
+  void AccountStep(double seconds, int batch_tokens);
   // Block drafts of the sessions that are due.
   void BlockStep();
 
@@ -567,6 +580,13 @@ void DraftEngine::Loop::Step() {
     DFlashStep();
     return;
   }
+  ArStep();
+}
+
+// An autoregressive draft step: plan (sessions in need, verifier-waiting first, then the least
+// recently served; KV reserved, evicting idle sessions' caches) → forward → commit each fed
+// prefix and append one greedy token → account → emit chains.
+void DraftEngine::Loop::ArStep() {
   std::vector<Session*> candidates;
   for (auto& [key, s] : sessions_) {
     if (NeedsWork(s)) candidates.push_back(&s);
@@ -574,20 +594,52 @@ void DraftEngine::Loop::Step() {
   if (candidates.empty()) return;
   const auto start = std::chrono::steady_clock::now();
   ++step_;
-  // Sessions whose verifier has no chain for its current tokens yet go first, then the least
-  // recently served.
   std::stable_sort(candidates.begin(), candidates.end(), [](const Session* a, const Session* b) {
     return std::make_pair(a->sent_end >= 0, a->last_served) <
            std::make_pair(b->sent_end >= 0, b->last_served);
   });
+  std::vector<ArPlanned> planned = PlanAr(candidates);
+  if (planned.empty()) {
+    for (Session* s : candidates) s->in_batch = false;
+    return;
+  }
 
-  struct Planned {
-    Session* s;
-    int n;  // tokens fed
-    std::vector<int32_t> positions;
-    int32_t output;  // index of the last fed token
-  };
-  std::vector<Planned> planned;
+  std::vector<Extend> extends;
+  extends.reserve(planned.size());
+  int batch_tokens = 0;
+  for (const ArPlanned& p : planned) {
+    extends.push_back(
+        Extend{.seq = p.s->seq,
+               .tokens = std::span<const int32_t>(p.s->tokens).subspan(p.s->cached, p.n),
+               .positions = p.positions,
+               .visible = Visibility::Causal(),
+               .outputs = {&p.output, 1}});
+    batch_tokens += p.n;
+  }
+  absl::StatusOr<std::vector<ExtendOutput>> out = model_->Forward(extends, kv_);
+  ++stats_.forwards;
+  if (!out.ok()) {
+    // Forward validates its input: this is a bug here, but only these sessions suffer. Failing
+    // erases sessions, so the flags are cleared through the map, not the candidates.
+    for (const ArPlanned& p : planned) {
+      Fail(p.s->stream, p.s->id, p.s->final_len,
+           absl::InternalError(absl::StrCat("drafter forward failed: ", out.status().message())));
+    }
+    for (auto& [key, s] : sessions_) s.in_batch = false;
+    return;
+  }
+  CommitAr(planned, *out);
+  for (Session* s : candidates) s->in_batch = false;
+  AccountStep(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              batch_tokens);
+  for (const ArPlanned& p : planned) MaybeEmit(*p.s);
+}
+
+// The sessions' extends within the step's token budget, each with its KV reserved. A session
+// that finds no room even after evictions waits; it goes first next step.
+std::vector<DraftEngine::Loop::ArPlanned> DraftEngine::Loop::PlanAr(
+    const std::vector<Session*>& candidates) {
+  std::vector<ArPlanned> planned;
   int budget = options_.max_batch_tokens;
   for (Session* s : candidates) {
     if (budget <= 0) break;
@@ -608,48 +660,25 @@ void DraftEngine::Loop::Step() {
     s->in_batch = true;  // not a victim for its own room
     while (!room && EvictOne()) room = kv_.Reserve(s->seq, n).has_value();
     if (!room) {
-      // Everyone else in this batch holds the rest; it goes first next step.
       s->in_batch = false;
       continue;
     }
-    Planned p{.s = s, .n = n, .positions = std::vector<int32_t>(n), .output = n - 1};
+    ArPlanned p{.s = s, .n = n, .positions = std::vector<int32_t>(n), .output = n - 1};
     for (int i = 0; i < n; ++i) p.positions[i] = s->cached + i;
     planned.push_back(std::move(p));
     budget -= n;
   }
-  if (planned.empty()) {
-    for (Session* s : candidates) s->in_batch = false;
-    return;
-  }
+  return planned;
+}
 
-  std::vector<Extend> extends;
-  extends.reserve(planned.size());
-  int batch_tokens = 0;
-  for (const Planned& p : planned) {
-    extends.push_back(
-        Extend{.seq = p.s->seq,
-               .tokens = std::span<const int32_t>(p.s->tokens).subspan(p.s->cached, p.n),
-               .positions = p.positions,
-               .visible = Visibility::Causal(),
-               .outputs = {&p.output, 1}});
-    batch_tokens += p.n;
-  }
-  absl::StatusOr<std::vector<ExtendOutput>> out = model_->Forward(extends, kv_);
-  ++stats_.forwards;
-  if (!out.ok()) {
-    // Forward validates its input: this is a bug here, but only these sessions suffer.
-    for (const Planned& p : planned) {
-      Fail(p.s->stream, p.s->id, p.s->final_len,
-           absl::InternalError(absl::StrCat("drafter forward failed: ", out.status().message())));
-    }
-    for (auto& [key, s] : sessions_) s.in_batch = false;
-    return;
-  }
+// Every fed token's KV is kept; a session whose whole sequence is now cached gains the greedy
+// token after it.
+void DraftEngine::Loop::CommitAr(const std::vector<ArPlanned>& planned,
+                                 const std::vector<ExtendOutput>& out) {
   std::vector<int32_t> keep;
   for (size_t i = 0; i < planned.size(); ++i) {
-    Planned& p = planned[i];
+    const ArPlanned& p = planned[i];
     Session& s = *p.s;
-    s.in_batch = false;
     s.last_served = step_;
     keep.resize(p.n);
     for (int j = 0; j < p.n; ++j) keep[j] = j;
@@ -659,13 +688,13 @@ void DraftEngine::Loop::Step() {
     stats_.recomputed_tokens += std::max(0, std::min(s.cached + p.n, s.evicted_cached) - s.cached);
     s.cached += p.n;
     if (s.cached == static_cast<int>(s.tokens.size())) {
-      s.tokens.push_back(Argmax((*out)[i].logits));
+      s.tokens.push_back(Argmax(out[i].logits));
       ++stats_.drafted_tokens;
     }
   }
-  for (Session* s : candidates) s->in_batch = false;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void DraftEngine::Loop::AccountStep(double seconds, int batch_tokens) {
   constexpr double kAlpha = 0.1;
   stats_.step_seconds_ewma =
       stats_.forwards == 1 ? seconds : (1 - kAlpha) * stats_.step_seconds_ewma + kAlpha * seconds;
@@ -673,7 +702,6 @@ void DraftEngine::Loop::Step() {
                                  ? batch_tokens
                                  : (1 - kAlpha) * stats_.batch_tokens_ewma + kAlpha * batch_tokens;
   if (options_.observer != nullptr) options_.observer->OnStep(seconds, batch_tokens);
-  for (const Planned& p : planned) MaybeEmit(*p.s);
 }
 
 absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(Transformer* model,

@@ -27,6 +27,16 @@ constexpr absl::Duration kBacklogPoll = absl::Milliseconds(2);
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
+absl::Status CheckTokenIds(std::span<const int32_t> ids, int vocab, const char* what) {
+  for (int32_t t : ids) {
+    if (t < 0 || t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has token id ", t, " outside the vocabulary of ", vocab));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DecodingMode>> Engine::Impl::MakeMode(const std::string& name,
@@ -62,6 +72,26 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
     return absl::FailedPreconditionError("the engine is draining and admits no new requests");
   }
   if (sink == nullptr) return absl::InvalidArgumentError("request has no sink for its events");
+  TANDEM_ASSIGN_OR_RETURN(SeqPtr seq, BuildSequence(request));
+  TANDEM_RETURN_IF_ERROR(CheckSamplingParams(request.sampling));
+  std::string mode_name = request.mode;
+  if (mode_name.empty() || mode_name == "auto") mode_name = options_.default_mode;
+  // Every client-controlled size is bounded before a mode exists to plan with it.
+  TANDEM_RETURN_IF_ERROR(CheckModeOptions(
+      mode_name, request.mode_options, model_->model->config(),
+      {.max_block = options_.max_mode_block, .max_step_tokens = options_.max_batch_tokens}));
+  TANDEM_ASSIGN_OR_RETURN(seq->mode, MakeMode(mode_name, request, seq.get()));
+  seq->mode_name = std::string(seq->mode->name());
+  seq->lossless = seq->mode->lossless();
+  seq->sampling = request.sampling;
+  TANDEM_RETURN_IF_ERROR(SetUpStops(*seq, request));
+  seq->deadline = request.deadline;
+  seq->sink = std::move(sink);
+  return Enqueue(std::move(seq));
+}
+
+absl::StatusOr<std::shared_ptr<EngineSequence>> Engine::Impl::BuildSequence(
+    const SequenceRequest& request) {
   const int inputs = static_cast<int>(!request.prompt.empty()) +
                      static_cast<int>(!request.chat.empty()) +
                      static_cast<int>(!request.prompt_ids.empty());
@@ -77,27 +107,18 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
     return absl::InvalidArgumentError(
         absl::StrCat("max_tokens must be positive, got ", request.max_tokens));
   }
-  const ModelConfig& config = model_->model->config();
-  const Tokenizer& tokenizer = *model_->tokenizer;
   auto seq = std::make_shared<EngineSequence>();
   if (!request.prompt_ids.empty()) {
     seq->tokens = request.prompt_ids;
   } else {
     const std::string text = request.chat.empty() ? request.prompt : ApplyChatMl(request.chat);
-    TANDEM_ASSIGN_OR_RETURN(seq->tokens, tokenizer.Encode(text));
+    TANDEM_ASSIGN_OR_RETURN(seq->tokens, model_->tokenizer->Encode(text));
     if (seq->tokens.empty()) return absl::InvalidArgumentError("prompt encodes to no tokens");
   }
-  auto check_ids = [&](const std::vector<int32_t>& ids, const char* what) -> absl::Status {
-    for (int32_t t : ids) {
-      if (t < 0 || t >= config.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " has token id ", t, " outside the vocabulary of ", config.vocab_size));
-      }
-    }
-    return absl::OkStatus();
-  };
-  TANDEM_RETURN_IF_ERROR(check_ids(seq->tokens, "prompt_ids"));
-  TANDEM_RETURN_IF_ERROR(check_ids(request.committed, "committed"));
+  const int vocab = model_->model->config().vocab_size;
+  TANDEM_RETURN_IF_ERROR(CheckTokenIds(seq->tokens, vocab, "prompt_ids"));
+  TANDEM_RETURN_IF_ERROR(CheckTokenIds(request.committed, vocab, "committed"));
+  TANDEM_RETURN_IF_ERROR(CheckTokenIds(request.stop_token_ids, vocab, "stop_token_ids"));
   seq->prompt_len = static_cast<int>(seq->tokens.size());
   const int committed = static_cast<int>(request.committed.size());
   const int used = seq->prompt_len + committed;
@@ -113,39 +134,30 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
                                                    request.max_tokens));
   }
   seq->max_new = std::min(request.max_tokens - committed, context_ - used);
+  return seq;
+}
 
-  TANDEM_RETURN_IF_ERROR(check_ids(request.stop_token_ids, "stop_token_ids"));
-  TANDEM_RETURN_IF_ERROR(CheckSamplingParams(request.sampling));
-  std::string mode_name = request.mode;
-  if (mode_name.empty() || mode_name == "auto") mode_name = options_.default_mode;
-  // Every client-controlled size is bounded before a mode exists to plan with it.
-  TANDEM_RETURN_IF_ERROR(CheckModeOptions(
-      mode_name, request.mode_options, config,
-      {.max_block = options_.max_mode_block, .max_step_tokens = options_.max_batch_tokens}));
-  TANDEM_ASSIGN_OR_RETURN(seq->mode, MakeMode(mode_name, request, seq.get()));
-  seq->mode_name = std::string(seq->mode->name());
-  seq->lossless = seq->mode->lossless();
-  seq->sampling = request.sampling;
-
+absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest& request) {
   StopConditions stop;
   stop.stop_token_ids = stop_tokens_;
   stop.stop_token_ids.insert(stop.stop_token_ids.end(), request.stop_token_ids.begin(),
                              request.stop_token_ids.end());
   stop.stop_strings = request.stop_strings;
-  stop.max_tokens = committed + seq->max_new;
-  seq->checker = std::make_unique<StopChecker>(std::move(stop));
-  seq->detok = std::make_unique<IncrementalDetokenizer>(tokenizer);
+  stop.max_tokens = static_cast<int>(request.committed.size()) + seq.max_new;
+  seq.checker = std::make_unique<StopChecker>(std::move(stop));
+  seq.detok = std::make_unique<IncrementalDetokenizer>(*model_->tokenizer);
   // Migrated tokens continue the stop-string and UTF-8 state silently: they were streamed.
   for (int32_t token : request.committed) {
-    seq->tokens.push_back(token);
-    TANDEM_ASSIGN_OR_RETURN(std::string delta, seq->detok->Push({&token, 1}));
-    if (seq->replay_finish == FinishReason::kNone) {
-      seq->replay_finish = seq->checker->Push(token, delta).finish;
+    seq.tokens.push_back(token);
+    TANDEM_ASSIGN_OR_RETURN(std::string delta, seq.detok->Push({&token, 1}));
+    if (seq.replay_finish == FinishReason::kNone) {
+      seq.replay_finish = seq.checker->Push(token, delta).finish;
     }
   }
-  seq->deadline = request.deadline;
-  seq->sink = std::move(sink);
+  return absl::OkStatus();
+}
 
+absl::StatusOr<uint64_t> Engine::Impl::Enqueue(SeqPtr seq) {
   if (queued_.fetch_add(1) >= options_.max_queued) {
     queued_.fetch_sub(1);
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -297,90 +309,113 @@ void Engine::Impl::Preempt(const SeqPtr& seq) {
 
 void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
   const absl::Time start = absl::Now();
-  // Resident sequences per mode when the step starts (the cost model's load, see below).
-  std::map<std::string, int, std::less<>> residents;
+  // Resident sequences per mode when the step starts: the cost model's load (Account).
+  ModeCounts residents;
   for (const SeqPtr& seq : running_) {
     if (seq->resident) ++residents[seq->mode_name];
   }
-  std::vector<Planned> batch;
-  batch.reserve(candidates.size());
-  int used = 0;
-  auto in_batch = [&](const EngineSequence* s) {
-    return std::any_of(batch.begin(), batch.end(),
-                       [s](const Planned& p) { return p.seq.get() == s; });
-  };
+  StepBatch batch = PlanStep(candidates);
+  if (batch.planned.empty()) return;
+  std::vector<absl::StatusOr<ExtendOutput>> outputs = RunForward(batch.planned);
+  std::vector<SequenceObservation> observed;
+  for (size_t b = 0; b < batch.planned.size(); ++b) {
+    Planned& p = batch.planned[b];
+    ++p.seq->usage.forwards;
+    if (!outputs[b].ok()) {
+      Finish(p.seq, FinishReason::kNone, outputs[b].status());
+    } else if (p.prefill) {
+      CommitPrefill(p, *outputs[b]);
+    } else if (auto o = ConsumeModeStep(p, *outputs[b], start)) {
+      observed.push_back(std::move(*o));
+    }
+  }
+  Account(batch, residents, observed, start);
+}
+
+// Plan and reserve: each candidate in turn, oldest first, until the step's token budget is
+// spent. A sequence whose KV cannot be reserved preempts the newest sequence outside the batch,
+// or waits (preempted itself) when only the batch is left.
+Engine::Impl::StepBatch Engine::Impl::PlanStep(const std::vector<SeqPtr>& candidates) {
+  StepBatch batch;
+  batch.planned.reserve(candidates.size());
   for (const SeqPtr& seq : candidates) {
     if (!seq->resident) continue;  // preempted earlier in this step
     // The budget decides where planning stops; a plan is always run once made (modes keep
     // state from Plan for Consume), so the last one may overshoot the budget by its drafts.
-    if (!batch.empty() && used >= options_.max_batch_tokens) break;
-    const int room = options_.max_batch_tokens - used;
-    const int pending = static_cast<int>(seq->tokens.size()) - seq->kv_len;
-    Planned p;
-    p.seq = seq;
-    p.state = StateOf(*seq);
-    const int chunk_limit = std::max(1, std::min(options_.prefill_chunk, room));
-    if (pending > 1 && pending > chunk_limit) {
-      // Prefill the prompt (or a preempted sequence's tokens) in slices, leaving the last
-      // pending token for the mode's own extend.
-      const int n = std::min(chunk_limit, pending - 1);
-      p.prefill = true;
-      for (int i = 0; i < n; ++i) {
-        p.plan.tokens.push_back(seq->tokens[seq->kv_len + i]);
-        p.plan.positions.push_back(seq->kv_len + i);
-      }
-    } else {
-      // A spec step that could verify drafts (the conditions under which WaitForChains waits).
-      p.draft_step = seq->spec && seq->step_gamma > 0 && seq->budget() >= 2 &&
-                     static_cast<int>(seq->tokens.size()) < context_;
-      if (seq->drafter != nullptr) seq->drafter->set_limit(seq->step_gamma);
-      p.plan = seq->mode->Plan(p.state);
-      // A step that drafts nothing by design (simsd's completion steps) is no fallback.
-      p.draft_step = p.draft_step && seq->mode->last_plan_wanted_drafts();
-    }
-    const int n = static_cast<int>(p.plan.tokens.size());
-    // A safety net behind CheckModeOptions: a plan far past the step budget (a mode's sizing
-    // bug) ends its sequence instead of stalling every other one.
-    if (n > options_.max_batch_tokens + options_.prefill_chunk + kEngineKvHeadroom) {
-      Finish(
-          seq, FinishReason::kNone,
-          absl::InternalError(absl::StrCat(
-              "mode ", seq->mode_name, " planned a step of ", n, " tokens, past the step budget ",
-              options_.max_batch_tokens, " (engine bug: its options were checked)")));
+    if (!batch.planned.empty() && batch.tokens >= options_.max_batch_tokens) break;
+    std::optional<Planned> p = PlanSequence(seq, options_.max_batch_tokens - batch.tokens);
+    if (!p.has_value()) continue;
+    const int n = static_cast<int>(p->plan.tokens.size());
+    if (!ReserveKv(seq, n, batch.planned)) continue;
+    batch.tokens += n;
+    PlanHiddenTaps(*p);
+    batch.planned.push_back(std::move(*p));
+  }
+  return batch;
+}
+
+// The sequence's extend for this step: an engine prefill slice, or the mode's plan. nullopt
+// when the sequence ended instead (a plan past every bound).
+std::optional<Engine::Impl::Planned> Engine::Impl::PlanSequence(const SeqPtr& seq, int room) {
+  Planned p;
+  p.seq = seq;
+  p.state = StateOf(*seq);
+  const int chunk_limit = std::max(1, std::min(options_.prefill_chunk, room));
+  if (std::optional<StepPlan> slice = PrefillSlice(seq->tokens, seq->kv_len, chunk_limit)) {
+    p.prefill = true;
+    p.plan = std::move(*slice);
+  } else {
+    // A spec step that could verify drafts (the conditions under which WaitForChains waits).
+    p.draft_step = seq->spec && seq->step_gamma > 0 && seq->budget() >= 2 &&
+                   static_cast<int>(seq->tokens.size()) < context_;
+    if (seq->drafter != nullptr) seq->drafter->set_limit(seq->step_gamma);
+    p.plan = seq->mode->Plan(p.state);
+    // A step that drafts nothing by design (simsd's completion steps) is no fallback.
+    p.draft_step = p.draft_step && seq->mode->last_plan_wanted_drafts();
+  }
+  const int n = static_cast<int>(p.plan.tokens.size());
+  // A safety net behind CheckModeOptions: a plan far past the step budget (a mode's sizing
+  // bug) ends its sequence instead of stalling every other one.
+  if (n > options_.max_batch_tokens + options_.prefill_chunk + kEngineKvHeadroom) {
+    Finish(seq, FinishReason::kNone,
+           absl::InternalError(absl::StrCat(
+               "mode ", seq->mode_name, " planned a step of ", n, " tokens, past the step budget ",
+               options_.max_batch_tokens, " (engine bug: its options were checked)")));
+    return std::nullopt;
+  }
+  return p;
+}
+
+// Whether KV for `tokens` more tokens of `seq` is reserved. When not, `seq` has been preempted
+// (others in the batch go first) or, alone and still too big, ended with an error.
+bool Engine::Impl::ReserveKv(const SeqPtr& seq, int tokens, const std::vector<Planned>& batch) {
+  auto in_batch = [&](const EngineSequence* s) {
+    return std::any_of(batch.begin(), batch.end(),
+                       [s](const Planned& p) { return p.seq.get() == s; });
+  };
+  while (!kv_.Reserve(static_cast<SeqId>(seq->id), tokens)) {
+    if (SeqPtr victim = PickVictim(running_, seq.get(), in_batch)) {
+      Preempt(victim);
       continue;
     }
-    bool placed = true;
-    while (!kv_.Reserve(static_cast<SeqId>(seq->id), n)) {
-      SeqPtr victim;
-      for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-        if (*it != seq && !in_batch(it->get())) {
-          victim = *it;
-          break;
-        }
-      }
-      if (victim != nullptr) {
-        Preempt(victim);
-        continue;
-      }
-      placed = false;
-      if (!batch.empty()) {
-        Preempt(seq);  // the newest of the batch: it waits for the others to finish
-      } else {
-        Finish(seq, FinishReason::kNone,
-               absl::InternalError(absl::StrCat(
-                   "sequence ", seq->id, " alone needs KV for ", seq->kv_len + n,
-                   " tokens, more than the cache's ", kv_.FreeTokenCapacity(),
-                   " (engine bug: Create sizes the cache for a full-context sequence)")));
-      }
-      break;
+    if (!batch.empty()) {
+      Preempt(seq);  // the newest of the batch: it waits for the others to finish
+    } else {
+      Finish(seq, FinishReason::kNone,
+             absl::InternalError(absl::StrCat(
+                 "sequence ", seq->id, " alone needs KV for ", seq->kv_len + tokens,
+                 " tokens, more than the cache's ", kv_.FreeTokenCapacity(),
+                 " (engine bug: Create sizes the cache for a full-context sequence)")));
     }
-    if (!placed) continue;
-    used += n;
-    PlanHiddenTaps(p);
-    batch.push_back(std::move(p));
+    return false;
   }
-  if (batch.empty()) return;
+  return true;
+}
 
+// Forward: the batch in one call. A malformed extend rejects the whole batch and writes
+// nothing, so then each runs alone and only the sequence at fault fails.
+std::vector<absl::StatusOr<ExtendOutput>> Engine::Impl::RunForward(
+    const std::vector<Planned>& batch) {
   std::vector<Extend> extends;
   extends.reserve(batch.size());
   for (const Planned& p : batch) {
@@ -397,186 +432,152 @@ void Engine::Impl::Step(const std::vector<SeqPtr>& candidates) {
                              .return_logits = p.plan.return_logits});
   }
   std::vector<absl::StatusOr<ExtendOutput>> outputs;
+  outputs.reserve(batch.size());
   absl::StatusOr<std::vector<ExtendOutput>> all = model_->model->Forward(extends, kv_);
   if (all.ok()) {
     for (ExtendOutput& out : *all) outputs.emplace_back(std::move(out));
-  } else {
-    // A malformed extend rejects the whole batch and writes nothing: run each alone so that
-    // only the sequence at fault fails.
-    for (const Extend& e : extends) {
-      absl::StatusOr<std::vector<ExtendOutput>> one = model_->model->Forward({&e, 1}, kv_);
-      if (one.ok()) {
-        outputs.emplace_back(std::move((*one)[0]));
-      } else {
-        outputs.emplace_back(one.status());
-      }
+    return outputs;
+  }
+  for (const Extend& e : extends) {
+    absl::StatusOr<std::vector<ExtendOutput>> one = model_->model->Forward({&e, 1}, kv_);
+    if (one.ok()) {
+      outputs.emplace_back(std::move((*one)[0]));
+    } else {
+      outputs.emplace_back(one.status());
     }
   }
+  return outputs;
+}
 
-  // Decode steps of this step's sequences, for the cost model once the step's time is known.
-  struct SequenceObservation {
-    std::string mode;
-    int gained = 0;
-    int extend = 0;
-    double wait = 0;
-  };
-  std::vector<SequenceObservation> observed;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    Planned& p = batch[b];
-    const SeqPtr& seq = p.seq;
-    EngineSequence& s = *seq;
-    ++s.usage.forwards;
-    if (!outputs[b].ok()) {
-      Finish(seq, FinishReason::kNone, outputs[b].status());
-      continue;
-    }
-    if (p.prefill) {
-      std::vector<int32_t> keep(p.plan.tokens.size());
-      for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int32_t>(i);
-      absl::Status committed = kv_.Commit(static_cast<SeqId>(s.id), keep);
-      if (!committed.ok()) {
-        Finish(seq, FinishReason::kNone, committed);
-        continue;
-      }
-      const int kv_before = s.kv_len;
-      s.kv_len += static_cast<int>(keep.size());
-      HiddenRows rows = FinalHidden(s, p, *outputs[b], keep, kv_before);
-      if (!rows.empty() && s.session_open && s.chain.enabled) {
-        absl::Status advanced =
-            s.channel->Advance(s.id, static_cast<int>(s.tokens.size()), {}, s.gamma, rows);
-        if (!advanced.ok()) DisableDrafting(s, advanced);
-      }
-      continue;
-    }
-    // The mode sees exactly the taps it asked for.
-    const ExtendOutput* mode_out = &*outputs[b];
-    ExtendOutput view;
-    if (p.taps.size() > p.plan.hidden_layers.size()) {
-      const size_t mode_values = p.plan.hidden_layers.size() * p.plan.tokens.size() *
-                                 static_cast<size_t>(model_->model->config().hidden_size);
-      view.logits = std::move(outputs[b]->logits);
-      view.tokens = outputs[b]->tokens;
-      view.accepted = outputs[b]->accepted;
-      view.hidden.assign(outputs[b]->hidden.begin(),
-                         outputs[b]->hidden.begin() + static_cast<ptrdiff_t>(std::min(
-                                                          mode_values, outputs[b]->hidden.size())));
-      mode_out = &view;
-    }
-    absl::StatusOr<StepResult> result = s.mode->Consume(p.state, p.plan, *mode_out);
-    absl::Status status =
-        result.ok() ? CheckStep(p.state, p.plan, *result, s.mode_name) : result.status();
-    if (status.ok() && static_cast<int>(result->append.size()) > s.budget()) {
-      status =
-          absl::InternalError(absl::StrCat("mode ", s.mode_name, " gained ", result->append.size(),
-                                           " tokens with a budget of ", s.budget()));
-    }
-    if (status.ok()) status = kv_.Commit(static_cast<SeqId>(s.id), result->keep);
-    if (!status.ok()) {
-      Finish(seq, FinishReason::kNone, status);
-      continue;
-    }
-    const int kv_before = s.kv_len;
-    s.kv_len += static_cast<int>(result->keep.size());
-    HiddenRows rows = FinalHidden(s, p, *outputs[b], result->keep, kv_before);
-    s.usage.drafted += result->drafted;
-    s.usage.accepted += result->accepted;
-    if (result->drafted > 0) s.acceptance.Observe(result->drafted, result->accepted);
-    // The step that took the prompt (or recomputed KV) measures prefill, not the mode.
-    if (s.decoding) {
-      const double wait = s.last_step_end == absl::InfinitePast()
-                              ? 0.0
-                              : std::max(0.0, Seconds(start - s.last_step_end));
-      observed.push_back(SequenceObservation{.mode = s.mode_name,
-                                             .gained = static_cast<int>(result->append.size()),
-                                             .extend = static_cast<int>(p.plan.tokens.size()),
-                                             .wait = wait});
-    }
-    s.decoding = true;
+// Commit an engine prefill slice: all of its KV, and its hidden states to the drafter.
+void Engine::Impl::CommitPrefill(Planned& p, const ExtendOutput& out) {
+  EngineSequence& s = *p.seq;
+  std::vector<int32_t> keep(p.plan.tokens.size());
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int32_t>(i);
+  absl::Status committed = kv_.Commit(static_cast<SeqId>(s.id), keep);
+  if (!committed.ok()) {
+    Finish(p.seq, FinishReason::kNone, committed);
+    return;
+  }
+  const int kv_before = s.kv_len;
+  s.kv_len += static_cast<int>(keep.size());
+  HiddenRows rows = FinalHidden(s, p, out, keep, kv_before);
+  if (!rows.empty() && s.session_open && s.chain.enabled) {
+    absl::Status advanced =
+        s.channel->Advance(s.id, static_cast<int>(s.tokens.size()), {}, s.gamma, rows);
+    if (!advanced.ok()) DisableDrafting(s, advanced);
+  }
+}
+
+// Consume and commit a mode's extend: the mode's result is checked, its kept KV committed, its
+// drafting counted, and its new tokens emitted. Returns the cost model's observation of a
+// decode step (none for the step that took the prompt, or when the sequence ended with an
+// error).
+std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, ExtendOutput& out,
+                                                                 absl::Time step_start) {
+  EngineSequence& s = *p.seq;
+  // The mode sees exactly the taps it asked for.
+  ExtendOutput view;
+  const ExtendOutput* mode_out = &out;
+  if (p.taps.size() > p.plan.hidden_layers.size()) {
+    view = ModeView(out, p.plan.hidden_layers.size(), p.plan.tokens.size(),
+                    model_->model->config().hidden_size);
+    mode_out = &view;
+  }
+  absl::StatusOr<StepResult> result = s.mode->Consume(p.state, p.plan, *mode_out);
+  absl::Status status =
+      result.ok() ? CheckStep(p.state, p.plan, *result, s.mode_name) : result.status();
+  if (status.ok() && static_cast<int>(result->append.size()) > s.budget()) {
+    status = absl::InternalError(absl::StrCat("mode ", s.mode_name, " gained ",
+                                              result->append.size(), " tokens with a budget of ",
+                                              s.budget()));
+  }
+  if (status.ok()) status = kv_.Commit(static_cast<SeqId>(s.id), result->keep);
+  if (!status.ok()) {
+    Finish(p.seq, FinishReason::kNone, status);
+    return std::nullopt;
+  }
+  const int kv_before = s.kv_len;
+  s.kv_len += static_cast<int>(result->keep.size());
+  HiddenRows rows = FinalHidden(s, p, out, result->keep, kv_before);
+  s.usage.drafted += result->drafted;
+  s.usage.accepted += result->accepted;
+  if (result->drafted > 0) s.acceptance.Observe(result->drafted, result->accepted);
+  std::optional<SequenceObservation> observed;
+  // The step that took the prompt (or recomputed KV) measures prefill, not the mode.
+  if (s.decoding) {
+    const double wait = s.last_step_end == absl::InfinitePast()
+                            ? 0.0
+                            : std::max(0.0, Seconds(step_start - s.last_step_end));
+    observed = SequenceObservation{.mode = s.mode_name,
+                                   .gained = static_cast<int>(result->append.size()),
+                                   .extend = static_cast<int>(p.plan.tokens.size()),
+                                   .wait = wait};
+  }
+  s.decoding = true;
+  if (result->drafted > 0) {
+    late_steps_[s.drafter_address] = 0;
+  } else if (p.draft_step && s.chain.enabled) {
+    ++late_steps_[s.drafter_address];
+  }
+  if (options_.observer != nullptr) {
     if (result->drafted > 0) {
-      late_steps_[s.drafter_address] = 0;
-    } else if (p.draft_step && s.chain.enabled) {
-      ++late_steps_[s.drafter_address];
-    }
-    if (options_.observer != nullptr) {
-      if (result->drafted > 0) {
-        options_.observer->OnDraftVerified(s.mode_name, result->drafted, result->accepted);
-      } else if (p.draft_step) {
-        options_.observer->OnFallback(s.chain.enabled ? "late" : "drafter_down");
-      }
-    }
-
-    const int offset = static_cast<int>(s.tokens.size());
-    std::vector<int32_t> tokens;
-    std::string text;
-    FinishReason finish = FinishReason::kNone;
-    absl::Status stream_error;
-    for (int32_t token : result->append) {
-      s.tokens.push_back(token);
-      tokens.push_back(token);
-      ++s.generated;
-      absl::StatusOr<std::string> delta = s.detok->Push({&token, 1});
-      if (!delta.ok()) {
-        stream_error = delta.status();
-        break;
-      }
-      StopChecker::Step stop = s.checker->Push(token, *delta);
-      text += stop.text;
-      finish = stop.finish;
-      if (finish != FinishReason::kNone) break;
-      if (s.generated >= s.max_new) {  // the checker counts this too; kept for clarity
-        finish = FinishReason::kLength;
-        break;
-      }
-    }
-    if (!tokens.empty() && s.usage.ttft_seconds == 0) {
-      s.usage.ttft_seconds = Seconds(absl::Now() - s.submitted);
-    }
-    if (!stream_error.ok()) {
-      Finish(seq, FinishReason::kNone, stream_error, std::move(tokens), std::move(text));
-      continue;
-    }
-    if (finish != FinishReason::kNone) {
-      Finish(seq, finish, absl::OkStatus(), std::move(tokens), std::move(text));
-      continue;
-    }
-    if (s.spec && s.session_open && s.chain.enabled && (!tokens.empty() || !rows.empty())) {
-      absl::Status advanced = s.channel->Advance(s.id, offset, tokens, s.gamma, rows);
-      // Only new tokens restart the wait for a chain.
-      if (!tokens.empty()) s.last_advance = absl::Now();
-      if (!advanced.ok()) DisableDrafting(s, advanced);
-    }
-    if (!tokens.empty() || !text.empty()) {
-      SequenceEvent event;
-      event.tokens = std::move(tokens);
-      event.text = std::move(text);
-      event.mode = s.mode_name;
-      event.lossless = s.lossless;
-      s.sink->OnEvent(std::move(event));
+      options_.observer->OnDraftVerified(s.mode_name, result->drafted, result->accepted);
+    } else if (p.draft_step) {
+      options_.observer->OnFallback(s.chain.enabled ? "late" : "drafter_down");
     }
   }
+  Emit(p.seq, result->append, rows);
+  return observed;
+}
 
+// Emit: the new tokens join the sequence and its stream, the drafter hears of them, and a stop
+// or the budget finishes the sequence.
+void Engine::Impl::Emit(const SeqPtr& seq, std::span<const int32_t> append,
+                        const HiddenRows& rows) {
+  EngineSequence& s = *seq;
+  Emitted e = AppendTokens(s, append);
+  if (!e.tokens.empty() && s.usage.ttft_seconds == 0) {
+    s.usage.ttft_seconds = Seconds(absl::Now() - s.submitted);
+  }
+  if (!e.error.ok()) {
+    Finish(seq, FinishReason::kNone, e.error, std::move(e.tokens), std::move(e.text));
+    return;
+  }
+  if (e.finish != FinishReason::kNone) {
+    Finish(seq, e.finish, absl::OkStatus(), std::move(e.tokens), std::move(e.text));
+    return;
+  }
+  if (s.spec && s.session_open && s.chain.enabled && (!e.tokens.empty() || !rows.empty())) {
+    absl::Status advanced = s.channel->Advance(s.id, e.offset, e.tokens, s.gamma, rows);
+    // Only new tokens restart the wait for a chain.
+    if (!e.tokens.empty()) s.last_advance = absl::Now();
+    if (!advanced.ok()) DisableDrafting(s, advanced);
+  }
+  if (!e.tokens.empty() || !e.text.empty()) {
+    SequenceEvent event;
+    event.tokens = std::move(e.tokens);
+    event.text = std::move(e.text);
+    event.mode = s.mode_name;
+    event.lossless = s.lossless;
+    s.sink->OnEvent(std::move(event));
+  }
+}
+
+// Account: the step's time and tokens to the observer, the load board's averages and the cost
+// model (see ObserveSequenceSteps for whose time a step is).
+void Engine::Impl::Account(const StepBatch& batch, const ModeCounts& residents,
+                           std::span<const SequenceObservation> observed,
+                           absl::Time step_start) {
   ++steps_;
   const absl::Time end = absl::Now();
-  for (const Planned& p : batch) p.seq->last_step_end = end;
-  const double seconds = Seconds(end - start);
-  const auto batch_tokens = static_cast<double>(used);
-  if (options_.observer != nullptr) options_.observer->OnStep(seconds, used);
-  cost_builder_.ObserveStep(used, seconds);
-  // A mode's load is the number of resident sequences decoding in it, whether or not they are
-  // in this step (a spec sequence waiting for its drafts sits a step out, yet its drafter works
-  // for it): what the router's policy asks about is n sequences all in one mode, and a mode's
-  // TPF and waits depend on how many of its own sequences share its resources (the drafter's
-  // sessions), not on the other modes' sequences in the batch. A step's time is a mode's own
-  // only when every resident sequence runs that mode: a sequence of another mode sitting the
-  // step out still loads the host (its drafter's work), and that cost is not the mode's.
-  const bool one_mode = residents.size() == 1;
-  for (const SequenceObservation& o : observed) {
-    auto it = residents.find(o.mode);
-    const int load = it != residents.end() ? it->second : 1;
-    cost_builder_.ObserveSequenceStep(o.mode, load, o.gained, o.extend, o.wait,
-                                      one_mode ? seconds : 0.0);
-  }
+  for (const Planned& p : batch.planned) p.seq->last_step_end = end;
+  const double seconds = Seconds(end - step_start);
+  if (options_.observer != nullptr) options_.observer->OnStep(seconds, batch.tokens);
+  cost_builder_.ObserveStep(batch.tokens, seconds);
+  ObserveSequenceSteps(cost_builder_, residents, observed, seconds);
   cost_ = cost_builder_.Snapshot();
+  const auto batch_tokens = static_cast<double>(batch.tokens);
   if (steps_ == 1) {
     step_seconds_ewma_ = seconds;
     batch_tokens_ewma_ = batch_tokens;

@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "worker/engine/actor_mailbox.h"
 #include "worker/engine/chain_drafter.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_stages.h"
 #include "worker/engine/gamma_choice.h"
 #include "worker/engine/mailbox.h"
 
@@ -133,6 +135,17 @@ class Engine::Impl {
     std::vector<int> drafter_taps;
   };
 
+  // A step's batch after planning and KV reservation, and the tokens it holds.
+  struct StepBatch {
+    std::vector<Planned> planned;
+    int tokens = 0;
+  };
+  using ModeCounts = std::map<std::string, int, std::less<>>;
+
+  // Submit's parts (caller's thread).
+  absl::StatusOr<std::shared_ptr<EngineSequence>> BuildSequence(const SequenceRequest& request);
+  absl::Status SetUpStops(EngineSequence& seq, const SequenceRequest& request);
+  absl::StatusOr<uint64_t> Enqueue(std::shared_ptr<EngineSequence> seq);
   absl::StatusOr<std::unique_ptr<DecodingMode>> MakeMode(const std::string& name,
                                                          const SequenceRequest& request,
                                                          EngineSequence* seq) const;
@@ -145,7 +158,18 @@ class Engine::Impl {
   void OpenSessions(const std::vector<SeqPtr>& candidates);
   void ChooseGammas(const std::vector<SeqPtr>& candidates);
   void WaitForChains(const std::vector<SeqPtr>& candidates);
+  // The step and its stages, in order (engine.cc).
   void Step(const std::vector<SeqPtr>& candidates);
+  StepBatch PlanStep(const std::vector<SeqPtr>& candidates);
+  std::optional<Planned> PlanSequence(const SeqPtr& seq, int room);
+  bool ReserveKv(const SeqPtr& seq, int tokens, const std::vector<Planned>& batch);
+  std::vector<absl::StatusOr<ExtendOutput>> RunForward(const std::vector<Planned>& batch);
+  void CommitPrefill(Planned& p, const ExtendOutput& out);
+  std::optional<SequenceObservation> ConsumeModeStep(Planned& p, ExtendOutput& out,
+                                                     absl::Time step_start);
+  void Emit(const SeqPtr& seq, std::span<const int32_t> append, const HiddenRows& rows);
+  void Account(const StepBatch& batch, const ModeCounts& residents,
+               std::span<const SequenceObservation> observed, absl::Time step_start);
   void Preempt(const SeqPtr& seq);
   void Finish(const SeqPtr& seq, FinishReason reason, absl::Status error,
               std::vector<int32_t> tokens = {}, std::string text = {});
