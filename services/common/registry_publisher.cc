@@ -32,27 +32,14 @@ RegistryPublisher::~RegistryPublisher() { Stop(); }
 
 void RegistryPublisher::Start() {
   Publish();
-  thread_ = std::thread([this] { Loop(); });
+  thread_.Start(options_.period, [this] { Publish(); });
 }
 
 void RegistryPublisher::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stop_) return;
-    stop_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
+  if (stopped_) return;
+  stopped_ = true;
+  thread_.Stop();
   if (!key_.empty()) (void)client_.Command({"DEL", key_});
-}
-
-void RegistryPublisher::Loop() {
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.period)) return;
-    }
-    Publish();
-  }
 }
 
 void RegistryPublisher::Publish() {

@@ -11,12 +11,10 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/periodic_thread.h"
 #include "router/registry.h"
 #include "services/common/redis_client.h"
 
@@ -57,15 +55,13 @@ class RegistryPublisher {
  private:
   explicit RegistryPublisher(Options options, RedisAddress address);
   void Publish();
-  void Loop();
 
   const Options options_;
   RedisClient client_;
   std::string key_;        // heartbeat thread only (and Stop after it ended)
   bool reachable_ = true;  // heartbeat thread only: logs once per outage
-  std::thread thread_;
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  PeriodicThread thread_;
+  bool stopped_ = false;  // Stop's: the key is deleted once
 };
 
 }  // namespace tandem

@@ -27,26 +27,10 @@ RegistryWatcher::~RegistryWatcher() { Stop(); }
 
 void RegistryWatcher::Start() {
   WatchOnce();
-  thread_ = std::thread([this] { Loop(); });
+  thread_.Start(period_, [this] { WatchOnce(); });
 }
 
-void RegistryWatcher::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
-}
-
-void RegistryWatcher::Loop() {
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period_)) return;
-    }
-    WatchOnce();
-  }
-}
+void RegistryWatcher::Stop() { thread_.Stop(); }
 
 absl::StatusOr<std::vector<router::WorkerRecord>> RegistryWatcher::List() {
   const std::string pattern = absl::StrCat(std::string(router::kWorkerKeyPrefix), "*");

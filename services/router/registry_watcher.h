@@ -9,12 +9,10 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/periodic_thread.h"
 #include "router/registry.h"
 #include "services/common/redis_client.h"
 
@@ -39,15 +37,12 @@ class RegistryWatcher {
  private:
   RegistryWatcher(RedisAddress address, router::RegistryView* view, absl::Duration period);
   void WatchOnce();
-  void Loop();
 
   RedisClient client_;
   router::RegistryView* view_;
   const absl::Duration period_;
   bool reachable_ = true;  // the watching thread's: logs once per outage
-  std::thread thread_;
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  PeriodicThread thread_;
 };
 
 }  // namespace tandem

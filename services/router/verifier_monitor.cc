@@ -77,27 +77,10 @@ VerifierMonitor::~VerifierMonitor() { Stop(); }
 
 void VerifierMonitor::Start(absl::Duration first_wait) {
   PollOnce(first_wait, /*wait_for_ready=*/true);
-  thread_ = std::thread([this] { Loop(); });
+  thread_.Start(period_, [this] { PollOnce(period_, /*wait_for_ready=*/false); });
 }
 
-void VerifierMonitor::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
-}
-
-void VerifierMonitor::Loop() {
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      // Sleeps one period unless Stop() comes first.
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period_)) return;
-    }
-    PollOnce(period_, /*wait_for_ready=*/false);
-  }
-}
+void VerifierMonitor::Stop() { thread_.Stop(); }
 
 void VerifierMonitor::PollOnce(absl::Duration timeout, bool wait_for_ready) {
   const size_t n = pool_->size();

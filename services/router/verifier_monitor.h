@@ -8,12 +8,10 @@
 #pragma once
 
 #include <memory>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/periodic_thread.h"
 #include "router/verifier_pool.h"
 #include "services/router/verifier_stubs.h"
 #include "tandem/v1/verifier.grpc.pb.h"
@@ -41,15 +39,12 @@ class VerifierMonitor {
   // Polls every verifier in parallel; each call waits up to `timeout` (and for the channel to
   // connect when `wait_for_ready`).
   void PollOnce(absl::Duration timeout, bool wait_for_ready);
-  void Loop();
 
   router::VerifierPool* pool_;
   std::unique_ptr<VerifierStubs> owned_stubs_;
   VerifierStubs* stubs_;
   const absl::Duration period_;
-  std::thread thread_;
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  PeriodicThread thread_;
 };
 
 }  // namespace tandem
