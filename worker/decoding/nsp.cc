@@ -61,7 +61,7 @@ bool NspMode::IsEos(int32_t token) const {
 }
 
 StepPlan NspMode::Plan(const DecodeState& state) {
-  return verify_next_ ? PlanVerify(state) : PlanBlock(state);
+  return cycle_.verify_next() ? cycle_.PlanVerify(state) : PlanBlock(state);
 }
 
 absl::StatusOr<StepResult> NspMode::Consume(const DecodeState& state, const StepPlan& plan,
@@ -71,11 +71,10 @@ absl::StatusOr<StepResult> NspMode::Consume(const DecodeState& state, const Step
   }
   // A verify step may come back with the model's verdicts and no logits (VerifyDraftRun reads
   // either and checks them itself).
-  if (!verify_next_ &&
-      static_cast<int>(plan.outputs.size()) * vocab_size_ != static_cast<int>(out.logits.size())) {
+  if (cycle_.verify_next()) return cycle_.ConsumeVerify(state, plan, out, vocab_size_);
+  if (static_cast<int>(plan.outputs.size()) * vocab_size_ != static_cast<int>(out.logits.size())) {
     return absl::InternalError("nsp: logits do not match the planned outputs");
   }
-  if (verify_next_) return ConsumeVerify(state, plan, out);
   return options_.verify ? ConsumeDraft(state, plan, out) : ConsumePrefix(state, plan, out);
 }
 
@@ -154,37 +153,13 @@ absl::StatusOr<StepResult> NspMode::ConsumeDraft(const DecodeState& state, const
     result.append.push_back(SampleToken(ar, *state.sampling, length));
     return result;
   }
-  drafts_.clear();
-  for (int k = 0; k < size; ++k) drafts_.push_back(Argmax(LogitsRow(out, 1 + k, vocab_size_)));
+  std::vector<int32_t> drafts;
+  for (int k = 0; k < size; ++k) drafts.push_back(Argmax(LogitsRow(out, 1 + k, vocab_size_)));
   // d1..dm: the drafts the verify forward can check without overrunning the budget or the
   // context (it appends the accepted ones plus one more token after v0).
   const int m = std::max(
       0, std::min({size - 1, state.budget - 2, max_positions_ - static_cast<int>(length) - 1}));
-  cycle_drafted_ = 1 + m;
-  bool accepted = false;
-  const int32_t v0 = VerifyDraft(ar, drafts_[0], *state.sampling, length, &accepted, &probs_);
-  result.append.push_back(v0);
-  if (!accepted || m == 0) {
-    result.drafted = cycle_drafted_;
-    result.accepted = accepted ? 1 : 0;
-    return result;
-  }
-  drafts_.erase(drafts_.begin());
-  drafts_.resize(m);
-  verify_next_ = true;
-  return result;
-}
-
-StepPlan NspMode::PlanVerify(const DecodeState& state) { return PlanDraftRun(state, drafts_); }
-
-absl::StatusOr<StepResult> NspMode::ConsumeVerify(const DecodeState& state, const StepPlan& plan,
-                                                  const ExtendOutput& out) {
-  verify_next_ = false;
-  int j = 0;
-  absl::StatusOr<StepResult> result = VerifyDraftRun(state, plan, out, vocab_size_, &j, &probs_);
-  if (!result.ok()) return result.status();
-  result->drafted = cycle_drafted_;
-  result->accepted = 1 + j;  // d0 was accepted by the draft step
+  cycle_.ConsumeDraft(state, ar, std::move(drafts), m, &result);
   return result;
 }
 

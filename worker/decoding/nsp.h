@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "worker/decoding/decoding_mode.h"
+#include "worker/decoding/verify.h"
 
 namespace tandem {
 
@@ -76,24 +77,17 @@ class NspMode : public DecodingMode {
 
  private:
   StepPlan PlanBlock(const DecodeState& state);
-  StepPlan PlanVerify(const DecodeState& state);
   absl::StatusOr<StepResult> ConsumePrefix(const DecodeState& state, const StepPlan& plan,
                                            const ExtendOutput& out);
   absl::StatusOr<StepResult> ConsumeDraft(const DecodeState& state, const StepPlan& plan,
                                           const ExtendOutput& out);
-  absl::StatusOr<StepResult> ConsumeVerify(const DecodeState& state, const StepPlan& plan,
-                                           const ExtendOutput& out);
   bool IsEos(int32_t token) const;
 
   NspOptions options_;
   int vocab_size_;
   int max_positions_;
-  // Self-speculative: between a draft step whose first draft was accepted and its verify step.
-  bool verify_next_ = false;
-  std::vector<int32_t> drafts_;  // d1..dm
-  int cycle_drafted_ = 0;        // 1 + m, reported once per cycle
-  std::vector<float> row_;       // scratch: one row of logits
-  std::vector<float> probs_;     // scratch for VerifyDraft
+  SelfSpecCycle cycle_;      // the self-speculative variant's draft-then-verify cycle
+  std::vector<float> row_;  // scratch: one row of logits
 };
 
 }  // namespace tandem

@@ -20,7 +20,7 @@ absl::Status ValidateSelfSpecOptions(const SelfSpecOptions& options, int vocab_s
 }
 
 StepPlan SelfSpecMode::Plan(const DecodeState& state) {
-  return verify_next_ ? PlanVerify(state) : PlanDraft(state);
+  return cycle_.verify_next() ? cycle_.PlanVerify(state) : PlanDraft(state);
 }
 
 absl::StatusOr<StepResult> SelfSpecMode::Consume(const DecodeState& state, const StepPlan& plan,
@@ -28,7 +28,8 @@ absl::StatusOr<StepResult> SelfSpecMode::Consume(const DecodeState& state, const
   if (state.pending() < 1) {
     return absl::InternalError("self_spec needs a pending token to predict from");
   }
-  return verify_next_ ? ConsumeVerify(state, plan, out) : ConsumeDraft(state, plan, out);
+  return cycle_.verify_next() ? cycle_.ConsumeVerify(state, plan, out, vocab_size_)
+                              : ConsumeDraft(state, plan, out);
 }
 
 StepPlan SelfSpecMode::PlanDraft(const DecodeState& state) {
@@ -72,36 +73,12 @@ absl::StatusOr<StepResult> SelfSpecMode::ConsumeDraft(const DecodeState& state,
     result.append.push_back(SampleToken(ar, *state.sampling, length));
     return result;
   }
-  drafts_.clear();
-  for (int i = 0; i < masks; ++i) drafts_.push_back(Argmax(LogitsRow(out, 1 + i, vocab_size_)));
+  std::vector<int32_t> drafts;
+  for (int i = 0; i < masks; ++i) drafts.push_back(Argmax(LogitsRow(out, 1 + i, vocab_size_)));
   // d1..dm: the drafts the verify forward can check without overrunning the budget (it appends
   // the accepted ones plus one more token after v0).
   const int m = std::min(masks - 1, state.budget - 2);
-  cycle_drafted_ = 1 + m;
-  bool accepted = false;
-  const int32_t v0 = VerifyDraft(ar, drafts_[0], *state.sampling, length, &accepted, &probs_);
-  result.append.push_back(v0);
-  if (!accepted) {
-    result.drafted = cycle_drafted_;
-    return result;
-  }
-  drafts_.erase(drafts_.begin());
-  drafts_.resize(m);
-  verify_next_ = true;
-  return result;
-}
-
-StepPlan SelfSpecMode::PlanVerify(const DecodeState& state) { return PlanDraftRun(state, drafts_); }
-
-absl::StatusOr<StepResult> SelfSpecMode::ConsumeVerify(const DecodeState& state,
-                                                       const StepPlan& plan,
-                                                       const ExtendOutput& out) {
-  verify_next_ = false;
-  int j = 0;
-  absl::StatusOr<StepResult> result = VerifyDraftRun(state, plan, out, vocab_size_, &j, &probs_);
-  if (!result.ok()) return result.status();
-  result->drafted = cycle_drafted_;
-  result->accepted = 1 + j;  // d0 was accepted by the draft step
+  cycle_.ConsumeDraft(state, ar, std::move(drafts), m, &result);
   return result;
 }
 

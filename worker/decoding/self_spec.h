@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "worker/decoding/decoding_mode.h"
+#include "worker/decoding/verify.h"
 
 namespace tandem {
 
@@ -52,19 +53,12 @@ class SelfSpecMode : public DecodingMode {
 
  private:
   StepPlan PlanDraft(const DecodeState& state);
-  StepPlan PlanVerify(const DecodeState& state);
   absl::StatusOr<StepResult> ConsumeDraft(const DecodeState& state, const StepPlan& plan,
                                           const ExtendOutput& out);
-  absl::StatusOr<StepResult> ConsumeVerify(const DecodeState& state, const StepPlan& plan,
-                                           const ExtendOutput& out);
   SelfSpecOptions options_;
   int vocab_size_;
   int max_positions_;
-  // Between a draft step whose d0 was accepted and its verify step: d1..dm.
-  bool verify_next_ = false;
-  std::vector<int32_t> drafts_;
-  int cycle_drafted_ = 0;     // 1 + m of the current cycle, reported once per cycle
-  std::vector<float> probs_;  // scratch
+  SelfSpecCycle cycle_;
 };
 
 }  // namespace tandem

@@ -98,4 +98,35 @@ absl::StatusOr<StepResult> VerifyDraftRun(const DecodeState& state, const StepPl
   return result;
 }
 
+void SelfSpecCycle::ConsumeDraft(const DecodeState& state, std::span<const float> ar,
+                                 std::vector<int32_t> drafts, int m, StepResult* result) {
+  cycle_drafted_ = 1 + m;
+  bool accepted = false;
+  const uint64_t length = state.tokens.size();
+  result->append.push_back(VerifyDraft(ar, drafts[0], *state.sampling, length, &accepted, &probs_));
+  if (!accepted || m == 0) {
+    result->drafted = cycle_drafted_;
+    result->accepted = accepted ? 1 : 0;
+    return;
+  }
+  drafts_.assign(drafts.begin() + 1, drafts.begin() + 1 + m);
+  verify_next_ = true;
+}
+
+StepPlan SelfSpecCycle::PlanVerify(const DecodeState& state) const {
+  return PlanDraftRun(state, drafts_);
+}
+
+absl::StatusOr<StepResult> SelfSpecCycle::ConsumeVerify(const DecodeState& state,
+                                                        const StepPlan& plan,
+                                                        const ExtendOutput& out, int vocab_size) {
+  verify_next_ = false;
+  int j = 0;
+  absl::StatusOr<StepResult> result = VerifyDraftRun(state, plan, out, vocab_size, &j, &probs_);
+  if (!result.ok()) return result.status();
+  result->drafted = cycle_drafted_;
+  result->accepted = 1 + j;  // d0 was accepted by the draft step
+  return result;
+}
+
 }  // namespace tandem

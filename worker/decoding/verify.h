@@ -51,4 +51,34 @@ absl::StatusOr<StepResult> VerifyDraftRun(const DecodeState& state, const StepPl
                                           const ExtendOutput& out, int vocab_size,
                                           int* accepted_drafts, std::vector<float>* scratch);
 
+// The draft-then-verify cycle of linear self-speculation (NLD §3.3), shared by `self_spec` and
+// `nsp` with verification: a draft forward proposes d0, d1, .. and its AR row v0 (the
+// prediction of the sequence's next position) checks d0 there; when d0 holds and drafts remain,
+// a verify forward [v0 (pending) | d1..dm (causal)] accepts the longest prefix of d1..dm the AR
+// pathway reproduces plus one more token. A cycle reports 1 + m drafts once, with d0 among the
+// accepted when it held. The mode plans and reads its own draft forward; this class owns what
+// lies between the two forwards.
+class SelfSpecCycle {
+ public:
+  // Whether the next step is the cycle's verify step.
+  bool verify_next() const { return verify_next_; }
+
+  // The draft step's verdict: `ar` is the AR row at the sequence's next position (index
+  // state.tokens.size()), `drafts` d0, d1, .. (not empty), `m` how many of d1.. the verify step
+  // may check (the budget and context allow; 0 ≤ m < drafts.size()). Appends v0 to `result`;
+  // arranges the verify step when d0 held and m > 0, else ends the cycle and reports it.
+  void ConsumeDraft(const DecodeState& state, std::span<const float> ar,
+                    std::vector<int32_t> drafts, int m, StepResult* result);
+  // The verify step's plan (PlanDraftRun over d1..dm) and its consume, which ends the cycle.
+  StepPlan PlanVerify(const DecodeState& state) const;
+  absl::StatusOr<StepResult> ConsumeVerify(const DecodeState& state, const StepPlan& plan,
+                                           const ExtendOutput& out, int vocab_size);
+
+ private:
+  bool verify_next_ = false;
+  std::vector<int32_t> drafts_;  // d1..dm between the two steps
+  int cycle_drafted_ = 0;        // 1 + m, reported once per cycle
+  std::vector<float> probs_;     // scratch for VerifyDraft
+};
+
 }  // namespace tandem
