@@ -573,96 +573,101 @@ absl::StatusOr<std::vector<ExtendOutput>> CudaTransformer::RunEager(std::span<co
   return outputs;
 }
 
-absl::Status CudaTransformer::Collect(std::span<const Extend> batch, const float* logits,
-                                      std::vector<ExtendOutput>& outputs) {
-  const int vocab = model_->config().vocab_size;
-  // The sampled span of output rows: [first, last), every row in it gets a setting.
-  int rows = 0, first = -1, last = -1;
-  bool verify = false;  // some request has a draft: the verifier runs over the span
+CudaTransformer::SampleSpan CudaTransformer::PlanSampleSpan(std::span<const Extend> batch) {
+  SampleSpan span;
+  int rows = 0;
   for (const Extend& x : batch) {
     const int k = static_cast<int>(x.outputs.size());
     if (!x.samples.empty() && k > 0) {
-      if (first < 0) first = rows;
-      last = rows + k;
-      for (const SampleRequest& q : x.samples) verify = verify || q.draft >= 0;
+      if (span.first < 0) span.first = rows;
+      span.last = rows + k;
+      for (const SampleRequest& q : x.samples) span.verify = span.verify || q.draft >= 0;
     }
     rows += k;
   }
+  if (span.first < 0) return span;
+  // Default: greedy, no draft, for rows without a request (their results are dropped).
+  span.settings.resize(span.last - span.first);
+  int row = 0;
+  for (const Extend& x : batch) {
+    for (size_t i = 0; i < x.samples.size(); ++i) {
+      const int r = row + static_cast<int>(i);
+      if (r < span.first || r >= span.last) continue;
+      const SampleRequest& q = x.samples[i];
+      kcu::VerifyRow& v = span.settings[r - span.first];
+      kcu::SamplingRow& s = v.sampling;
+      s.temperature = q.params.temperature;
+      s.top_k = q.params.top_k;
+      s.top_p = q.params.top_p;
+      s.min_p = q.params.min_p;
+      s.seed = q.params.seed;
+      s.position = q.position;
+      s.purpose = static_cast<uint32_t>(q.purpose);
+      // Only sampled rows need a vocabulary-sized workspace row; greedy rows (the kernels'
+      // test is the host's, temperature <= 0) take an argmax and none.
+      if (!q.params.greedy()) s.workspace_row = span.sampled++;
+      v.draft = q.draft;
+    }
+    row += static_cast<int>(x.outputs.size());
+  }
+  return span;
+}
+
+absl::Status CudaTransformer::LaunchSampling(const SampleSpan& span, const float* logits,
+                                             std::vector<int32_t>& tokens,
+                                             std::vector<uint8_t>& accepted) {
+  const int vocab = model_->config().vocab_size;
+  const int rows = span.last - span.first;
+  // The sampler's and the verifier's parameters share these fields and buffers; the verifier
+  // adds the drafts (in its row settings) and the accepted flags.
+  auto launch = [&](auto& p, auto& row_buffer, const auto& row_settings) -> absl::Status {
+    p.logits = logits + static_cast<size_t>(span.first) * vocab;
+    p.logits_stride = vocab;
+    p.rows = rows;
+    p.vocab = vocab;
+    p.workspace_rows = span.sampled;
+    TANDEM_RETURN_IF_ERROR(sampling_.tokens.Reserve(rows));
+    TANDEM_RETURN_IF_ERROR(sampling_.workspace.Reserve(kcu::WorkspaceBytes(p)));
+    TANDEM_RETURN_IF_ERROR(row_buffer.Reserve(rows));
+    TANDEM_RETURN_IF_ERROR(StageUpload(row_buffer, row_settings.data(), row_settings.size()));
+    p.rows_params = row_buffer.get();
+    p.tokens = sampling_.tokens.get();
+    p.workspace = sampling_.workspace.get();
+    p.workspace_bytes = sampling_.workspace.bytes();
+    return kcu::Invoke(p, stream_);
+  };
+  if (span.verify) {
+    kcu::VerifyParams p;
+    TANDEM_RETURN_IF_ERROR(sampling_.accepted.Reserve(rows));
+    p.accepted = sampling_.accepted.get();
+    TANDEM_RETURN_IF_ERROR(launch(p, sampling_.verify_rows, span.settings));
+    accepted.resize(rows);
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(accepted.data(), sampling_.accepted.get(),
+                                                accepted.size(), cudaMemcpyDeviceToHost,
+                                                stream_));
+  } else {
+    std::vector<kcu::SamplingRow> plain(rows);
+    for (int r = 0; r < rows; ++r) plain[r] = span.settings[r].sampling;
+    kcu::SamplingParams p;
+    TANDEM_RETURN_IF_ERROR(launch(p, sampling_.rows, plain));
+  }
+  tokens.resize(rows);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens.data(), sampling_.tokens.get(),
+                                              tokens.size() * sizeof(int32_t),
+                                              cudaMemcpyDeviceToHost, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaTransformer::Collect(std::span<const Extend> batch, const float* logits,
+                                      std::vector<ExtendOutput>& outputs) {
+  const int vocab = model_->config().vocab_size;
+  const SampleSpan span = PlanSampleSpan(batch);
+  const int first = span.first;
+  const bool verify = span.verify;
   std::vector<int32_t> tokens;
   std::vector<uint8_t> accepted;
   if (first >= 0) {
-    const int span = last - first;
-    // Default: greedy, no draft, for rows without a request (their results are dropped).
-    std::vector<kcu::VerifyRow> settings(span);
-    int row = 0, sampled = 0;
-    for (const Extend& x : batch) {
-      for (size_t i = 0; i < x.samples.size(); ++i) {
-        const int r = row + static_cast<int>(i);
-        if (r < first || r >= last) continue;
-        const SampleRequest& q = x.samples[i];
-        kcu::VerifyRow& v = settings[r - first];
-        kcu::SamplingRow& s = v.sampling;
-        s.temperature = q.params.temperature;
-        s.top_k = q.params.top_k;
-        s.top_p = q.params.top_p;
-        s.min_p = q.params.min_p;
-        s.seed = q.params.seed;
-        s.position = q.position;
-        s.purpose = static_cast<uint32_t>(q.purpose);
-        // Only sampled rows need a vocabulary-sized workspace row; greedy rows (the kernels'
-        // test is the host's, temperature <= 0) take an argmax and none.
-        if (!q.params.greedy()) s.workspace_row = sampled++;
-        v.draft = q.draft;
-      }
-      row += static_cast<int>(x.outputs.size());
-    }
-    TANDEM_RETURN_IF_ERROR(sampling_.tokens.Reserve(span));
-    const float* span_logits = logits + static_cast<size_t>(first) * vocab;
-    if (verify) {
-      kcu::VerifyParams p;
-      p.logits = span_logits;
-      p.logits_stride = vocab;
-      p.rows = span;
-      p.vocab = vocab;
-      p.workspace_rows = sampled;
-      const size_t workspace = kcu::WorkspaceBytes(p);
-      TANDEM_RETURN_IF_ERROR(sampling_.verify_rows.Reserve(span));
-      TANDEM_RETURN_IF_ERROR(sampling_.accepted.Reserve(span));
-      TANDEM_RETURN_IF_ERROR(sampling_.workspace.Reserve(workspace));
-      TANDEM_RETURN_IF_ERROR(StageUpload(sampling_.verify_rows, settings.data(), settings.size()));
-      p.rows_params = sampling_.verify_rows.get();
-      p.tokens = sampling_.tokens.get();
-      p.accepted = sampling_.accepted.get();
-      p.workspace = sampling_.workspace.get();
-      p.workspace_bytes = sampling_.workspace.bytes();
-      TANDEM_RETURN_IF_ERROR(kcu::Invoke(p, stream_));
-      accepted.resize(span);
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(accepted.data(), sampling_.accepted.get(),
-                                                  accepted.size(), cudaMemcpyDeviceToHost,
-                                                  stream_));
-    } else {
-      std::vector<kcu::SamplingRow> plain(span);
-      for (int r = 0; r < span; ++r) plain[r] = settings[r].sampling;
-      kcu::SamplingParams p;
-      p.logits = span_logits;
-      p.logits_stride = vocab;
-      p.rows = span;
-      p.vocab = vocab;
-      p.workspace_rows = sampled;
-      const size_t workspace = kcu::WorkspaceBytes(p);
-      TANDEM_RETURN_IF_ERROR(sampling_.rows.Reserve(span));
-      TANDEM_RETURN_IF_ERROR(sampling_.workspace.Reserve(workspace));
-      TANDEM_RETURN_IF_ERROR(StageUpload(sampling_.rows, plain.data(), plain.size()));
-      p.rows_params = sampling_.rows.get();
-      p.tokens = sampling_.tokens.get();
-      p.workspace = sampling_.workspace.get();
-      p.workspace_bytes = sampling_.workspace.bytes();
-      TANDEM_RETURN_IF_ERROR(kcu::Invoke(p, stream_));
-    }
-    tokens.resize(span);
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens.data(), sampling_.tokens.get(),
-                                                tokens.size() * sizeof(int32_t),
-                                                cudaMemcpyDeviceToHost, stream_));
+    TANDEM_RETURN_IF_ERROR(LaunchSampling(span, logits, tokens, accepted));
   }
   // Logits: one download per run of consecutive extends that want them (one copy for a batch
   // that all does, as before sampling existed); a lone extend's rows land in its output

@@ -183,6 +183,21 @@ class CudaTransformer final : public ModelBackend {
   absl::StatusOr<std::vector<ExtendOutput>> RunGraph(std::span<const Extend> batch, StepInputs in,
                                                      cuda_backend::CudaKvStorage& kv);
   void DropGraphs();
+  // The contiguous span [first, last) of output rows (extends' rows in batch order) that have
+  // sampling requests, every row in it with a setting (rows without a request sample greedily
+  // and are dropped); `sampled` rows are not greedy and get workspace rows; `verify` when some
+  // request carries a draft. first < 0: no request.
+  struct SampleSpan {
+    int first = -1, last = -1;
+    bool verify = false;
+    int sampled = 0;
+    std::vector<kernels::cuda::VerifyRow> settings;
+  };
+  static SampleSpan PlanSampleSpan(std::span<const Extend> batch);
+  // Enqueues the sampling (or, with drafts, verify) kernel over the span and the downloads of
+  // its tokens (and accepted flags) into `tokens` / `accepted`, valid after the stream's sync.
+  absl::Status LaunchSampling(const SampleSpan& span, const float* logits,
+                              std::vector<int32_t>& tokens, std::vector<uint8_t>& accepted);
   // After a forward whose output rows' fp32 logits are `logits` ([rows, vocab] on the device,
   // extends' rows in batch order): samples (or, for requests with drafts, verifies) the rows
   // that have requests, downloads their tokens (and accepted flags) and the logits of the
