@@ -118,6 +118,7 @@ class KvCache {
   const KvStorage& storage() const { return *storage_; }
   // The host pools, or null when the storage is another backend's.
   HostKvStorage* host_storage() { return host_; }
+  const HostKvStorage* host_storage() const { return host_; }
 
   // Host pools of one layer: [num_blocks, block_size, num_kv_heads, head_dim]. Only for a cache
   // with HostKvStorage (host_storage() != null).

@@ -1,6 +1,7 @@
-// A forward backend other than the CPU: Transformer keeps the configuration, the host weights
-// and the validation, and hands validated batches to its backend when one is attached
-// (Transformer::UseDevice).
+// Where a Transformer's forward runs: Transformer keeps the configuration, the host weights
+// and the validation, and hands validated batches to its backend — CpuTransformer
+// (worker/model/cpu_transformer.h) unless UseDevice attached another (CudaTransformer). A third
+// backend is a new implementation of this interface and a case in Transformer::UseDevice.
 #pragma once
 
 #include <span>
@@ -22,7 +23,8 @@ class ModelBackend {
   virtual absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch,
                                                             KvCache& kv) = 0;
 
-  // Makes the KV storage of caches for this backend (set in Transformer::KvOptions).
+  // Makes the KV storage of caches for this backend (set in Transformer::KvOptions); an empty
+  // factory means KvCache's own host storage.
   virtual KvStorageFactory StorageFactory() = 0;
 
   // True when `kv`'s storage was made by this backend's StorageFactory.

@@ -1,5 +1,7 @@
-// A decoder-only transformer (Llama / Mistral / Qwen2 / Qwen3 blocks) on the CPU in fp32, or on
-// a GPU in bf16 after UseDevice({Device::kCuda}) (worker/model/cuda/cuda_transformer.h).
+// A decoder-only transformer (Llama / Mistral / Qwen2 / Qwen3 blocks): the model description,
+// its host weights and adapter, and the validation of every batch. The forward itself is its
+// backend's (worker/model/backend.h): the CPU in fp32 (worker/model/cpu_transformer.h), or a
+// GPU in bf16 after UseDevice({Device::kCuda}) (worker/model/cuda/cuda_transformer.h).
 //
 // Forward runs a batch of extends over the paged KV cache: every extend's sequence must have
 // Reserve()d exactly its token count in the cache first; the new tokens' K/V are written to
@@ -41,7 +43,7 @@ class Transformer {
   // memory) leave the model where it was.
   absl::Status UseDevice(const DeviceOptions& options);
   Device device() const { return device_; }
-  // The attached backend (null on the CPU).
+  // The backend the forward runs on (a CpuTransformer on the CPU); never null.
   ModelBackend* backend() { return backend_.get(); }
 
   // Options for a KV cache that fits this model, holding `max_tokens` tokens in total; its
@@ -73,8 +75,6 @@ class Transformer {
 
   ModelConfig config_;
   ModelWeights weights_;
-  std::vector<float> inv_freq_;  // RoPE [head_dim / 2]
-  float rope_scaling_ = 1.0f;
   std::optional<LoraAdapter> lora_;
   Device device_ = Device::kCpu;
   std::unique_ptr<ModelBackend> backend_;

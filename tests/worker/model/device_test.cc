@@ -3,6 +3,7 @@
 #include "worker/model/device.h"
 
 #include "gtest/gtest.h"
+#include "worker/model/cpu_transformer.h"
 #include "worker/model/transformer.h"
 
 namespace tandem {
@@ -58,7 +59,7 @@ TEST(DeviceTest, ModelStaysOnTheCpuWhenCudaCannotStart) {
   auto model = Transformer::FromWeights(c, RandomWeights(c, 5));
   EXPECT_FALSE(model->UseDevice({.device = Device::kCuda}).ok());
   EXPECT_EQ(model->device(), Device::kCpu);
-  EXPECT_EQ(model->backend(), nullptr);
+  EXPECT_NE(dynamic_cast<CpuTransformer*>(model->backend()), nullptr);
   KvCache kv(model->KvOptions(16, 4));
   ASSERT_NE(kv.host_storage(), nullptr);
   ASSERT_TRUE(kv.AddSequence(1).ok());
