@@ -8,21 +8,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/cpu/activation.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/norm.h"
-#include "kernels/cpu/rope.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/checkpoint/checkpoint.h"
 #include "worker/model/checkpoint/internal/json_file.h"
+#include "worker/model/cpu_dflash.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "worker/model/cuda/cuda_dflash.h"
 #endif
 
 namespace tandem {
 
-namespace kc = kernels::cpu;
 using Json = nlohmann::json;
 
 namespace {
@@ -120,14 +115,14 @@ DFlashModel::DFlashModel(DFlashConfig config, DFlashWeights weights, const Trans
     : config_(std::move(config)),
       weights_(std::move(weights)),
       target_(target),
-      rope_(ComputeRope(config_.model)) {}
+      backend_(std::make_unique<CpuDFlash>(this)) {}
 
 DFlashModel::~DFlashModel() = default;
 
 absl::Status DFlashModel::UseDevice(const DeviceOptions& options) {
   TANDEM_RETURN_IF_ERROR(CheckDeviceAvailable(options.device));
   if (options.device == Device::kCpu) {
-    backend_.reset();
+    backend_ = std::make_unique<CpuDFlash>(this);
     device_ = Device::kCpu;
     return absl::OkStatus();
   }
@@ -140,25 +135,26 @@ absl::Status DFlashModel::UseDevice(const DeviceOptions& options) {
 #endif
 }
 
+bool DFlashModel::Holds(const DFlashContext& context) const {
+  return context.storage_ != nullptr && backend_->Owns(*context.storage_);
+}
+
 absl::Status DFlashModel::Bind(DFlashContext& context) const {
-  const bool here = backend_ == nullptr
-                        ? context.storage_ == nullptr
-                        : context.storage_ != nullptr && backend_->Owns(*context.storage_);
-  if (here) return absl::OkStatus();
+  if (Holds(context)) return absl::OkStatus();
   if (context.length_ > 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("DFlash context: its ", context.length_, " rows are ",
-                     context.storage_ == nullptr ? "on the cpu" : "on another device or model",
+        absl::StrCat("DFlash context: its ", context.length_, " rows are ", Where(context),
                      " but the model runs on ", std::string(DeviceName(device_)),
                      "; truncate the context to 0 or start a new one"));
   }
-  context.keys_.clear();
-  context.values_.clear();
   context.storage_.reset();
-  if (backend_ != nullptr) {
-    TANDEM_ASSIGN_OR_RETURN(context.storage_, backend_->NewStorage());
-  }
+  TANDEM_ASSIGN_OR_RETURN(context.storage_, backend_->NewStorage());
+  context.on_device_ = device_ != Device::kCpu;
   return absl::OkStatus();
+}
+
+std::string DFlashModel::Where(const DFlashContext& context) {
+  return context.on_device_ ? "on another device or model" : "on the cpu or another model";
 }
 
 absl::StatusOr<std::unique_ptr<DFlashModel>> DFlashModel::Load(const std::string& dir,
@@ -271,7 +267,7 @@ absl::StatusOr<std::unique_ptr<DFlashModel>> DFlashModel::Create(DFlashConfig co
 absl::Status DFlashModel::AppendContext(DFlashContext& context, std::span<const float> hidden,
                                         int n) const {
   const ModelConfig& c = config_.model;
-  const int h = c.hidden_size, d = c.head_dim, hkv = c.num_kv_heads, hq = c.num_heads;
+  const int h = c.hidden_size;
   const int k = static_cast<int>(config_.target_layer_ids.size());
   if (n < 0 || hidden.size() != static_cast<size_t>(k) * n * h) {
     return absl::InvalidArgumentError(absl::StrCat("DFlash context: got ", hidden.size(),
@@ -280,65 +276,14 @@ absl::Status DFlashModel::AppendContext(DFlashContext& context, std::span<const 
   }
   TANDEM_RETURN_IF_ERROR(Bind(context));
   if (n == 0) return absl::OkStatus();
-  if (backend_ != nullptr) {
-    TANDEM_RETURN_IF_ERROR(backend_->AppendHost(*context.storage_, context.length_, hidden, n));
-    context.length_ += n;
-    return absl::OkStatus();
-  }
-  if (context.keys_.size() != static_cast<size_t>(c.num_layers)) {
-    context.keys_.resize(c.num_layers);
-    context.values_.resize(c.num_layers);
-  }
-  // [n, k * h]: token t's taps side by side, in target_layer_ids order.
-  std::vector<float> fused(static_cast<size_t>(n) * k * h);
-  for (int t = 0; t < n; ++t) {
-    for (int l = 0; l < k; ++l) {
-      std::memcpy(&fused[(static_cast<size_t>(t) * k + l) * h],
-                  &hidden[(static_cast<size_t>(l) * n + t) * h], sizeof(float) * h);
-    }
-  }
-  std::vector<float> ctx(static_cast<size_t>(n) * h);  // c_t: [n, h]
-  kc::Linear(fused.data(), weights_.fc.data(), nullptr, ctx.data(), n, h, k * h);
-  kc::RmsNorm(ctx.data(), weights_.hidden_norm.data(), ctx.data(), n, h, c.rms_norm_eps);
-
-  const int kv_width = 2 * hkv * d;
-  std::vector<float> kv(static_cast<size_t>(n) * kv_width);  // [n, k heads | v heads]
-  std::vector<int32_t> positions(n);
-  for (int t = 0; t < n; ++t) positions[t] = context.length_ + t;
-  for (int layer = 0; layer < c.num_layers; ++layer) {
-    const LayerWeights& w = weights_.layers[layer];
-    // The k and v rows of the fused qkv weight.
-    kc::Linear(ctx.data(), w.qkv.data() + static_cast<size_t>(hq) * d * h, nullptr, kv.data(), n,
-               kv_width, h);
-    for (int t = 0; t < n; ++t) {
-      float* row = &kv[static_cast<size_t>(t) * kv_width];
-      kc::RmsNorm(row, w.k_norm.data(), row, hkv, d, c.rms_norm_eps);
-    }
-    kc::RopeParams rp;
-    rp.x = kv.data();
-    rp.positions = positions.data();
-    rp.inv_freq = rope_.inv_freq.data();
-    rp.attention_scaling = rope_.attention_scaling;
-    rp.tokens = n;
-    rp.heads = hkv;
-    rp.head_dim = d;
-    rp.row_stride = kv_width;
-    kc::RopeInvoke(rp);
-    std::vector<float>& keys = context.keys_[layer];
-    std::vector<float>& values = context.values_[layer];
-    for (int t = 0; t < n; ++t) {
-      const float* row = &kv[static_cast<size_t>(t) * kv_width];
-      keys.insert(keys.end(), row, row + hkv * d);
-      values.insert(values.end(), row + hkv * d, row + kv_width);
-    }
-  }
+  TANDEM_RETURN_IF_ERROR(backend_->AppendHost(*context.storage_, context.length_, hidden, n));
   context.length_ += n;
   return absl::OkStatus();
 }
 
 absl::Status DFlashModel::AppendContextDevice(DFlashContext& context, const void* rows, int n,
                                               CUstream_st* stream) const {
-  if (backend_ == nullptr) {
+  if (device_ == Device::kCpu) {
     return absl::FailedPreconditionError(
         "DFlash context: device rows need the model on cuda (DFlashModel::UseDevice); it runs "
         "on the cpu");
@@ -361,20 +306,15 @@ absl::Status DFlashModel::AppendContextDevice(DFlashContext& context, const void
 absl::Status DFlashModel::ReadContext(const DFlashContext& context,
                                       std::vector<std::vector<float>>& keys,
                                       std::vector<std::vector<float>>& values) const {
-  const int layers = config_.model.num_layers;
-  if (context.storage_ == nullptr || context.length_ == 0) {
-    if (context.length_ > 0 && context.keys_.size() != static_cast<size_t>(layers)) {
-      return absl::InvalidArgumentError("DFlash context: built for another model");
-    }
-    keys = context.keys_;
-    values = context.values_;
-    keys.resize(layers);
-    values.resize(layers);
+  if (context.length_ == 0) {
+    const int layers = config_.model.num_layers;
+    keys.assign(layers, {});
+    values.assign(layers, {});
     return absl::OkStatus();
   }
-  if (backend_ == nullptr || !backend_->Owns(*context.storage_)) {
+  if (!Holds(context)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("DFlash context: its rows are on a device this model (on ",
+        absl::StrCat("DFlash context: its rows are ", Where(context), ", which this model (on ",
                      std::string(DeviceName(device_)), ") does not hold"));
   }
   return backend_->Read(*context.storage_, context.length_, keys, values);
@@ -382,14 +322,8 @@ absl::Status DFlashModel::ReadContext(const DFlashContext& context,
 
 void DFlashModel::TruncateContext(DFlashContext& context, int length) {
   if (length >= context.length_) return;
-  length = std::max(length, 0);
-  // Device rows past the length are simply overwritten by later appends.
-  for (size_t l = 0; l < context.keys_.size(); ++l) {
-    const size_t width = context.length_ > 0 ? context.keys_[l].size() / context.length_ : 0;
-    context.keys_[l].resize(width * length);
-    context.values_[l].resize(width * length);
-  }
-  context.length_ = length;
+  // Rows past the length are overwritten by later appends, on every backend.
+  context.length_ = std::max(length, 0);
 }
 
 absl::StatusOr<std::vector<int32_t>> DFlashModel::BlockTokens(
@@ -408,19 +342,11 @@ absl::StatusOr<std::vector<int32_t>> DFlashModel::BlockTokens(
     }
   }
   // An empty context runs anywhere (the backend then uses scratch rows of its own).
-  const bool here =
-      context.length_ == 0 ||
-      (backend_ == nullptr ? context.storage_ == nullptr
-                           : context.storage_ != nullptr && backend_->Owns(*context.storage_));
-  if (!here) {
+  if (context.length_ > 0 && !Holds(context)) {
     return absl::FailedPreconditionError(
         absl::StrCat("DFlash block: the context's ", context.length_, " rows are ",
-                     context.storage_ == nullptr ? "on the cpu" : "on another device or model",
-                     " but the model runs on ", std::string(DeviceName(device_))));
-  }
-  if (context.storage_ == nullptr && context.length_ > 0 &&
-      context.keys_.size() != static_cast<size_t>(c.num_layers)) {
-    return absl::InvalidArgumentError("DFlash block: context built for another model");
+                     Where(context), " but the model runs on ",
+                     std::string(DeviceName(device_))));
   }
   std::vector<int32_t> block(clean.begin(), clean.end());
   block.resize(b, config_.mask_token_id);
@@ -430,117 +356,15 @@ absl::StatusOr<std::vector<int32_t>> DFlashModel::BlockTokens(
 absl::StatusOr<std::vector<float>> DFlashModel::BlockLogits(const DFlashContext& context,
                                                             std::span<const int32_t> clean) const {
   TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> block, BlockTokens(context, clean));
-  if (backend_ != nullptr) {
-    return backend_->BlockLogits(context.length_ > 0 ? context.storage_.get() : nullptr,
-                                 context.length_, block);
-  }
-  return CpuBlockLogits(context, block);
-}
-
-absl::StatusOr<std::vector<float>> DFlashModel::CpuBlockLogits(
-    const DFlashContext& context, std::span<const int32_t> block) const {
-  const ModelConfig& c = config_.model;
-  const int h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
-  const int b = config_.block_size, inter = c.intermediate_size, vocab = c.vocab_size;
-  const int p = context.length_;
-  const std::vector<float>& embed = target_->weights().embed;
-  std::vector<float> x(static_cast<size_t>(b) * h);  // residual stream [b, h]
-  for (int j = 0; j < b; ++j) {
-    std::memcpy(&x[static_cast<size_t>(j) * h], &embed[static_cast<size_t>(block[j]) * h],
-                sizeof(float) * h);
-  }
-  std::vector<int32_t> positions(b);
-  for (int j = 0; j < b; ++j) positions[j] = p + j;
-  const int qkv_width = (hq + 2 * hkv) * d, kv_row = hkv * d;
-  std::vector<float> hbuf(static_cast<size_t>(b) * h), qkv(static_cast<size_t>(b) * qkv_width);
-  std::vector<float> attn(static_cast<size_t>(b) * hq * d), proj(static_cast<size_t>(b) * h);
-  std::vector<float> gate_up(static_cast<size_t>(b) * 2 * inter),
-      act(static_cast<size_t>(b) * inter);
-  // One "page" holding the context rows then the block's: [p + b, kv_heads, head_dim].
-  std::vector<float> keys(static_cast<size_t>(p + b) * kv_row),
-      values(static_cast<size_t>(p + b) * kv_row);
-  std::vector<uint64_t> mask;
-  Visibility::Full().ToBits(b, &mask);
-  const int32_t block_table = 0;
-  std::vector<float> workspace;
-  for (int layer = 0; layer < c.num_layers; ++layer) {
-    const LayerWeights& w = weights_.layers[layer];
-    kc::RmsNorm(x.data(), w.input_norm.data(), hbuf.data(), b, h, c.rms_norm_eps);
-    kc::Linear(hbuf.data(), w.qkv.data(), nullptr, qkv.data(), b, qkv_width, h);
-    for (int j = 0; j < b; ++j) {
-      float* row = &qkv[static_cast<size_t>(j) * qkv_width];
-      kc::RmsNorm(row, w.q_norm.data(), row, hq, d, c.rms_norm_eps);
-      kc::RmsNorm(row + hq * d, w.k_norm.data(), row + hq * d, hkv, d, c.rms_norm_eps);
-    }
-    for (int part = 0; part < 2; ++part) {  // q heads, then k heads
-      kc::RopeParams rp;
-      rp.x = qkv.data() + (part == 0 ? 0 : hq * d);
-      rp.positions = positions.data();
-      rp.inv_freq = rope_.inv_freq.data();
-      rp.attention_scaling = rope_.attention_scaling;
-      rp.tokens = b;
-      rp.heads = part == 0 ? hq : hkv;
-      rp.head_dim = d;
-      rp.row_stride = qkv_width;
-      kc::RopeInvoke(rp);
-    }
-    if (p > 0) {
-      std::memcpy(keys.data(), context.keys_[layer].data(), sizeof(float) * p * kv_row);
-      std::memcpy(values.data(), context.values_[layer].data(), sizeof(float) * p * kv_row);
-    }
-    for (int j = 0; j < b; ++j) {
-      const float* row = &qkv[static_cast<size_t>(j) * qkv_width];
-      std::memcpy(&keys[static_cast<size_t>(p + j) * kv_row], row + hq * d, sizeof(float) * kv_row);
-      std::memcpy(&values[static_cast<size_t>(p + j) * kv_row], row + (hq + hkv) * d,
-                  sizeof(float) * kv_row);
-    }
-    kc::AttentionParams ap;
-    ap.q = qkv.data();
-    ap.q_stride = qkv_width;
-    ap.k_cache = keys.data();
-    ap.v_cache = values.data();
-    ap.block_table = &block_table;
-    ap.block_size = p + b;
-    ap.context_len = p;
-    ap.new_tokens = b;
-    ap.mask = mask.data();
-    ap.mask_words = Visibility::Words(b);
-    ap.q_heads = hq;
-    ap.kv_heads = hkv;
-    ap.head_dim = d;
-    ap.scale = 1.0f / std::sqrt(static_cast<float>(d));
-    ap.out = attn.data();
-    ap.out_stride = hq * d;
-    workspace.resize(kc::AttentionWorkspaceFloats(ap));
-    kc::AttentionInvoke(ap, workspace.data());
-    kc::Linear(attn.data(), w.o.data(), nullptr, proj.data(), b, h, hq * d);
-    kc::AddRmsNorm(x.data(), proj.data(), w.post_norm.data(), hbuf.data(), b, h, c.rms_norm_eps);
-    kc::Linear(hbuf.data(), w.gate_up.data(), nullptr, gate_up.data(), b, 2 * inter, h);
-    kc::SiluMulFused(gate_up.data(), act.data(), b, inter);
-    kc::Linear(act.data(), w.down.data(), nullptr, proj.data(), b, h, inter);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
-  }
-  kc::RmsNorm(x.data(), weights_.final_norm.data(), hbuf.data(), b, h, c.rms_norm_eps);
-  std::vector<float> logits(static_cast<size_t>(b) * vocab);
-  kc::Linear(hbuf.data(), target_->weights().Head().data(), nullptr, logits.data(), b, vocab, h);
-  return logits;
+  return backend_->BlockLogits(context.length_ > 0 ? context.storage_.get() : nullptr,
+                               context.length_, block);
 }
 
 absl::StatusOr<std::vector<int32_t>> DFlashModel::Draft(const DFlashContext& context,
                                                         std::span<const int32_t> clean) const {
-  if (backend_ != nullptr) {
-    TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> block, BlockTokens(context, clean));
-    return backend_->Draft(context.length_ > 0 ? context.storage_.get() : nullptr, context.length_,
-                           block, static_cast<int>(clean.size()));
-  }
-  TANDEM_ASSIGN_OR_RETURN(std::vector<float> logits, BlockLogits(context, clean));
-  const int vocab = config_.model.vocab_size;
-  std::vector<int32_t> drafts;
-  for (int j = static_cast<int>(clean.size()); j < config_.block_size; ++j) {
-    const float* row = logits.data() + static_cast<size_t>(j) * vocab;
-    drafts.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
-  }
-  return drafts;
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> block, BlockTokens(context, clean));
+  return backend_->Draft(context.length_ > 0 ? context.storage_.get() : nullptr, context.length_,
+                         block, static_cast<int>(clean.size()));
 }
 
 }  // namespace tandem

@@ -57,10 +57,10 @@ struct DFlashWeights {
   std::vector<LayerWeights> layers;
 };
 
-// Per-session context K/V: one row per committed token, position = row index. The rows live on
-// the device the model ran on when the first row was appended: fp32 host vectors on the CPU, or
-// storage made and read only by the model's device backend. An empty context (new, or truncated
-// to 0) follows the model to its current device; a non-empty one on another device is refused.
+// Per-session context K/V: one row per committed token, position = row index. The rows live in
+// storage made and read only by the backend the model ran on when the first row was appended
+// (fp32 host vectors on the CPU, see worker/model/cpu_dflash.h). An empty context (new, or
+// truncated to 0) follows the model to its current device; a non-empty one elsewhere is refused.
 // Move-only; a context on a device must not outlive the process's use of that device.
 class DFlashContext {
  public:
@@ -69,17 +69,15 @@ class DFlashContext {
   DFlashContext& operator=(DFlashContext&&) = default;
 
   int length() const { return length_; }
-  // Whether the rows are in a device backend's storage.
-  bool on_device() const { return storage_ != nullptr; }
+  // Whether the rows are in a device (not the CPU) backend's storage.
+  bool on_device() const { return storage_ != nullptr && on_device_; }
 
  private:
   friend class DFlashModel;
 
   int length_ = 0;
-  // CPU: [layers][length, kv_heads * head_dim], RoPE applied to the keys.
-  std::vector<std::vector<float>> keys_;
-  std::vector<std::vector<float>> values_;
-  std::unique_ptr<DFlashContextStorage> storage_;  // device rows (null on the CPU)
+  std::unique_ptr<DFlashContextStorage> storage_;  // null until the first append binds it
+  bool on_device_ = false;  // storage_ is a device backend's
 };
 
 // Whether <dir>/config.json names kDFlashArchitecture (false when it cannot be read).
@@ -149,21 +147,22 @@ class DFlashModel {
  private:
   DFlashModel(DFlashConfig config, DFlashWeights weights, const Transformer* target);
 
-  // Binds an empty context to the current device; OK when the rows are already there,
+  // Whether the context's storage is the current backend's.
+  bool Holds(const DFlashContext& context) const;
+  // Where a context this model does not hold has its rows, for messages.
+  static std::string Where(const DFlashContext& context);
+  // Binds an empty context to the current backend; OK when the rows are already there,
   // FailedPrecondition when they are on another device.
   absl::Status Bind(DFlashContext& context) const;
   // Checks `clean` and the context and returns the block's tokens (clean, then masks).
   absl::StatusOr<std::vector<int32_t>> BlockTokens(const DFlashContext& context,
                                                    std::span<const int32_t> clean) const;
-  absl::StatusOr<std::vector<float>> CpuBlockLogits(const DFlashContext& context,
-                                                    std::span<const int32_t> block) const;
 
   DFlashConfig config_;
   DFlashWeights weights_;
   const Transformer* target_;
-  RopeTables rope_;
   Device device_ = Device::kCpu;
-  std::unique_ptr<DFlashBackend> backend_;  // null on the CPU
+  std::unique_ptr<DFlashBackend> backend_;  // CpuDFlash unless UseDevice attached another
 };
 
 }  // namespace tandem

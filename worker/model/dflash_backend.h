@@ -1,7 +1,8 @@
-// A device backend of DFlashModel (DFlashModel::UseDevice): DFlashModel keeps the configuration,
-// the fp32 host weights and the argument checks, and hands checked calls to its backend when one
-// is attached. The backend owns the device copies of the weights and makes the storage of the
-// contexts that live on its device; that storage is opaque to everything but the backend.
+// Where a DFlashModel runs: DFlashModel keeps the configuration, the fp32 host weights and the
+// argument checks, and hands checked calls to its backend — CpuDFlash
+// (worker/model/cpu_dflash.h) unless UseDevice attached another (CudaDFlash). The backend owns
+// its copies of the weights and makes the storage of the contexts that live with it; that
+// storage is opaque to everything but the backend.
 #pragma once
 
 #include <cstdint>
