@@ -21,7 +21,7 @@ TEST(PeriodicThreadTest, RunsTheTaskEveryPeriodUntilStopped) {
   EXPECT_GE(after_stop, 3);
   absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(runs.load(), after_stop);  // no run after Stop returned
-  thread.Stop();                        // again: a no-op
+  thread.Stop();                       // again: a no-op
 }
 
 TEST(PeriodicThreadTest, StopDoesNotWaitOutThePeriod) {

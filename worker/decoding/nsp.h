@@ -86,7 +86,7 @@ class NspMode : public DecodingMode {
   NspOptions options_;
   int vocab_size_;
   int max_positions_;
-  SelfSpecCycle cycle_;      // the self-speculative variant's draft-then-verify cycle
+  SelfSpecCycle cycle_;     // the self-speculative variant's draft-then-verify cycle
   std::vector<float> row_;  // scratch: one row of logits
 };
 

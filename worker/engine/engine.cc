@@ -488,9 +488,9 @@ std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, Ext
   absl::Status status =
       result.ok() ? CheckStep(p.state, p.plan, *result, s.mode_name) : result.status();
   if (status.ok() && static_cast<int>(result->append.size()) > s.budget()) {
-    status = absl::InternalError(absl::StrCat("mode ", s.mode_name, " gained ",
-                                              result->append.size(), " tokens with a budget of ",
-                                              s.budget()));
+    status =
+        absl::InternalError(absl::StrCat("mode ", s.mode_name, " gained ", result->append.size(),
+                                         " tokens with a budget of ", s.budget()));
   }
   if (status.ok()) status = kv_.Commit(static_cast<SeqId>(s.id), result->keep);
   if (!status.ok()) {
@@ -567,8 +567,7 @@ void Engine::Impl::Emit(const SeqPtr& seq, std::span<const int32_t> append,
 // Account: the step's time and tokens to the observer, the load board's averages and the cost
 // model (see ObserveSequenceSteps for whose time a step is).
 void Engine::Impl::Account(const StepBatch& batch, const ModeCounts& residents,
-                           std::span<const SequenceObservation> observed,
-                           absl::Time step_start) {
+                           std::span<const SequenceObservation> observed, absl::Time step_start) {
   ++steps_;
   const absl::Time end = absl::Now();
   for (const Planned& p : batch.planned) p.seq->last_step_end = end;

@@ -7,8 +7,7 @@
 
 namespace tandem {
 
-std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len,
-                                     int chunk_limit) {
+std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit) {
   const int pending = static_cast<int>(tokens.size()) - kv_len;
   if (pending <= 1 || pending <= chunk_limit) return std::nullopt;
   const int n = std::min(chunk_limit, pending - 1);
@@ -34,9 +33,8 @@ ExtendOutput ModeView(ExtendOutput& out, size_t mode_layers, size_t tokens, int 
   view.logits = std::move(out.logits);
   view.tokens = out.tokens;
   view.accepted = out.accepted;
-  view.hidden.assign(out.hidden.begin(),
-                     out.hidden.begin() +
-                         static_cast<ptrdiff_t>(std::min(mode_values, out.hidden.size())));
+  view.hidden.assign(out.hidden.begin(), out.hidden.begin() + static_cast<ptrdiff_t>(std::min(
+                                                                  mode_values, out.hidden.size())));
   return view;
 }
 

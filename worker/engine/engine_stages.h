@@ -28,8 +28,7 @@ struct EngineSequence;  // engine_impl.h
 // the next min(chunk_limit, pending - 1) tokens at their positions, leaving the last pending
 // token for the mode's own extend. nullopt when the mode plans the step itself (pending ≤ 1 or
 // pending ≤ chunk_limit).
-std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len,
-                                     int chunk_limit);
+std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit);
 
 // Reserve: the sequence to preempt so that `seq` gets KV: the newest in `running` (ordered
 // oldest first) that is neither `seq` nor in this step's batch; nullptr when there is none.
@@ -59,9 +58,9 @@ Emitted AppendTokens(EngineSequence& s, std::span<const int32_t> append);
 // Account: one sequence's decode step, for the cost model once the step's time is known.
 struct SequenceObservation {
   std::string mode;
-  int gained = 0;  // completion tokens gained
-  int extend = 0;  // tokens the sequence put into the step
-  double wait = 0; // seconds since the sequence's previous step ended
+  int gained = 0;   // completion tokens gained
+  int extend = 0;   // tokens the sequence put into the step
+  double wait = 0;  // seconds since the sequence's previous step ended
 };
 
 // Feeds the step's sequence observations to `cost`. A mode's load is its resident sequences

@@ -62,8 +62,8 @@ absl::Status CpuDFlash::AppendHost(DFlashContextStorage& storage, int length,
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights.layers[layer];
     // The k and v rows of the fused qkv weight.
-    kc::Linear(ctx_rows.data(), w.qkv.data() + static_cast<size_t>(hq) * d * h, nullptr,
-               kv.data(), n, kv_width, h);
+    kc::Linear(ctx_rows.data(), w.qkv.data() + static_cast<size_t>(hq) * d * h, nullptr, kv.data(),
+               n, kv_width, h);
     for (int t = 0; t < n; ++t) {
       float* row = &kv[static_cast<size_t>(t) * kv_width];
       kc::RmsNorm(row, w.k_norm.data(), row, hkv, d, c.rms_norm_eps);

@@ -161,8 +161,7 @@ void CpuTransformer::Embed(std::span<const Extend> batch, const Layout& layout,
   for (size_t e = 0; e < batch.size(); ++e) {
     for (int i = 0; i < layout.slices[e].n; ++i) {
       std::memcpy(&a.x[static_cast<size_t>(layout.slices[e].offset + i) * hidden],
-                  &embed[static_cast<size_t>(batch[e].tokens[i]) * hidden],
-                  sizeof(float) * hidden);
+                  &embed[static_cast<size_t>(batch[e].tokens[i]) * hidden], sizeof(float) * hidden);
     }
   }
 }
@@ -181,8 +180,8 @@ void CpuTransformer::Tap(int layer, std::span<const Extend> batch, const Layout&
   }
 }
 
-void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch,
-                                    const Layout& layout, KvCache& kv, Activations& a) const {
+void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch, const Layout& layout,
+                                    KvCache& kv, Activations& a) const {
   const ModelConfig& c = model_->config();
   const LayerWeights& w = model_->weights().layers[layer];
   const std::optional<LoraAdapter>& lora = model_->lora();
@@ -251,8 +250,7 @@ void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch,
     a.workspace.resize(std::max(a.workspace.size(), kc::AttentionWorkspaceFloats(ap)));
     kc::AttentionInvoke(ap, a.workspace.data());
   }
-  kc::Linear(a.attn.data(), w.o.data(), BiasOrNull(w.o_bias), a.proj.data(), total, hidden,
-             hq * d);
+  kc::Linear(a.attn.data(), w.o.data(), BiasOrNull(w.o_bias), a.proj.data(), total, hidden, hq * d);
   if (lora.has_value()) {
     ApplyLora(*lora, layer, LoraTarget::kO, a.attn.data(), hq * d, a.proj.data(), hidden, 0,
               layout.lora_rows);
@@ -269,8 +267,8 @@ void CpuTransformer::MlpBlock(int layer, const Layout& layout, Activations& a) c
   if (lora.has_value()) {
     ApplyLora(*lora, layer, LoraTarget::kGate, a.h.data(), hidden, a.gate_up.data(), 2 * inter, 0,
               layout.lora_rows);
-    ApplyLora(*lora, layer, LoraTarget::kUp, a.h.data(), hidden, a.gate_up.data(), 2 * inter,
-              inter, layout.lora_rows);
+    ApplyLora(*lora, layer, LoraTarget::kUp, a.h.data(), hidden, a.gate_up.data(), 2 * inter, inter,
+              layout.lora_rows);
   }
   kc::SiluMulFused(a.gate_up.data(), a.act.data(), total, inter);
   kc::Linear(a.act.data(), w.down.data(), BiasOrNull(w.down_bias), a.proj.data(), total, hidden,
@@ -281,8 +279,8 @@ void CpuTransformer::MlpBlock(int layer, const Layout& layout, Activations& a) c
   }
 }
 
-void CpuTransformer::Head(std::span<const Extend> batch, const Layout& layout,
-                          const Activations& a, std::vector<ExtendOutput>& outputs) const {
+void CpuTransformer::Head(std::span<const Extend> batch, const Layout& layout, const Activations& a,
+                          std::vector<ExtendOutput>& outputs) const {
   const ModelConfig& c = model_->config();
   const ModelWeights& weights = model_->weights();
   const int hidden = c.hidden_size;
@@ -298,8 +296,7 @@ void CpuTransformer::Head(std::span<const Extend> batch, const Layout& layout,
                 &normed[static_cast<size_t>(r) * hidden], 1, hidden, c.rms_norm_eps);
   }
   std::vector<float> logits(static_cast<size_t>(m) * c.vocab_size);
-  kc::Linear(normed.data(), weights.Head().data(), nullptr, logits.data(), m, c.vocab_size,
-             hidden);
+  kc::Linear(normed.data(), weights.Head().data(), nullptr, logits.data(), m, c.vocab_size, hidden);
   // VerifyDraft's vocabulary-sized distribution, reused across the draft rows.
   std::vector<float> verify_scratch;
   size_t r = 0;

@@ -344,9 +344,8 @@ absl::StatusOr<std::vector<int32_t>> DFlashModel::BlockTokens(
   // An empty context runs anywhere (the backend then uses scratch rows of its own).
   if (context.length_ > 0 && !Holds(context)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("DFlash block: the context's ", context.length_, " rows are ",
-                     Where(context), " but the model runs on ",
-                     std::string(DeviceName(device_))));
+        absl::StrCat("DFlash block: the context's ", context.length_, " rows are ", Where(context),
+                     " but the model runs on ", std::string(DeviceName(device_))));
   }
   std::vector<int32_t> block(clean.begin(), clean.end());
   block.resize(b, config_.mask_token_id);

@@ -77,7 +77,7 @@ class DFlashContext {
 
   int length_ = 0;
   std::unique_ptr<DFlashContextStorage> storage_;  // null until the first append binds it
-  bool on_device_ = false;  // storage_ is a device backend's
+  bool on_device_ = false;                         // storage_ is a device backend's
 };
 
 // Whether <dir>/config.json names kDFlashArchitecture (false when it cannot be read).

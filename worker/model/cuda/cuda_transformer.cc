@@ -643,8 +643,7 @@ absl::Status CudaTransformer::LaunchSampling(const SampleSpan& span, const float
     TANDEM_RETURN_IF_ERROR(launch(p, sampling_.verify_rows, span.settings));
     accepted.resize(rows);
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(accepted.data(), sampling_.accepted.get(),
-                                                accepted.size(), cudaMemcpyDeviceToHost,
-                                                stream_));
+                                                accepted.size(), cudaMemcpyDeviceToHost, stream_));
   } else {
     std::vector<kcu::SamplingRow> plain(rows);
     for (int r = 0; r < rows; ++r) plain[r] = span.settings[r].sampling;
