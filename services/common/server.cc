@@ -184,8 +184,10 @@ int WaitForShutdownSignal() {
   return byte;
 }
 
-void SetNotServing(grpc::Server& server) {
-  if (auto* health = server.GetHealthCheckService()) health->SetServingStatus(false);
+void SetNotServing(grpc::Server& server) { SetServing(server, false); }
+
+void SetServing(grpc::Server& server, bool serving) {
+  if (auto* health = server.GetHealthCheckService()) health->SetServingStatus(serving);
 }
 
 }  // namespace tandem

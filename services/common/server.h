@@ -69,5 +69,7 @@ int WaitForShutdownSignal();
 
 // Marks every service NOT_SERVING in the health service (draining).
 void SetNotServing(grpc::Server& server);
+// Marks every service SERVING or NOT_SERVING (a verifier's watchdog).
+void SetServing(grpc::Server& server, bool serving);
 
 }  // namespace tandem

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 
 namespace tandem {
@@ -144,15 +145,22 @@ void VerifierMonitor::PollOnce(absl::Duration timeout, bool wait_for_ready) {
     }
     if (probe.load_status.ok()) pool_->SetLoad(i, ToVerifierLoad(probe.load));
     const bool was_healthy = pool_->Healthy(i);
-    const bool healthy =
-        probe.load_status.ok() && !probe.load.draining() && !pool_->WorkerId(i).empty();
+    const bool healthy = probe.load_status.ok() && !probe.load.draining() &&
+                         !probe.load.stalled() && !pool_->WorkerId(i).empty();
     pool_->SetHealthy(i, healthy);
     // The first poll (wait_for_ready) also names the verifiers that are not there yet.
     if (was_healthy != healthy || (wait_for_ready && !healthy)) {
+      std::string why;
+      if (!probe.load_status.ok()) {
+        why = ": " + probe.load_status.error_message();
+      } else if (probe.load.draining()) {
+        why = " (draining)";
+      } else if (probe.load.stalled()) {
+        why = absl::StrCat(" (its engine has had work and not stepped for ",
+                           absl::SixDigits(probe.load.stalled_seconds()), " s)");
+      }
       std::fprintf(stderr, "tandem-router: verifier %s is %s%s\n", pool_->address(i).c_str(),
-                   healthy ? "up" : "down",
-                   probe.load_status.ok() ? (probe.load.draining() ? " (draining)" : "")
-                                          : (": " + probe.load_status.error_message()).c_str());
+                   healthy ? "up" : "down", why.c_str());
     }
   }
 }

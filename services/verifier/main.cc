@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/periodic_thread.h"
 #include "common/version.h"
 #include "kernels/cpu/gemm.h"
 #include "services/common/engine_metrics.h"
@@ -46,6 +47,7 @@ struct Flags {
   double calibration_seconds = 2;
   int threads = 0;
   int drain_seconds = 30;
+  double watchdog_seconds = 30;
   tandem::ServerFlags server;
   tandem::ClientTlsFlags client_tls;
   tandem::MetricsFlags metrics;
@@ -141,7 +143,8 @@ int Run(const Flags& flags) {
   tandem::ModeOptions mode_defaults;
   mode_defaults.spec_gamma = flags.spec_gamma;
   mode_defaults.lora_drafts = !flags.lora.empty();
-  tandem::VerifierService service(engine->get(), identity, mode_defaults, &metrics);
+  tandem::VerifierService service(engine->get(), identity, mode_defaults, &metrics,
+                                  absl::Seconds(flags.watchdog_seconds));
   metrics.SetScrapeHook([engine = engine->get()](tandem::ServiceMetrics& m) {
     const tandem::EngineLoad load = engine->Load();
     m.SetQueueDepth(load.queued);
@@ -164,6 +167,19 @@ int Run(const Flags& flags) {
     return 1;
   }
   tandem::AnnounceListening("tandem-verifier", server->address);
+  // The watchdog: the health service follows the engine (NOT_SERVING while it is stalled), so
+  // that probes and load balancers outside the router see what the router sees.
+  tandem::PeriodicThread watchdog;
+  if (flags.watchdog_seconds > 0) {
+    watchdog.Start(absl::Seconds(1), [&service, &server, serving = true]() mutable {
+      const bool now = !service.Stalled();
+      if (now == serving) return;
+      serving = now;
+      std::cerr << "tandem-verifier: the engine "
+                << (now ? "steps again; serving" : "has stalled with work; not serving") << "\n";
+      tandem::SetServing(*server->server, now);
+    });
+  }
   std::unique_ptr<tandem::RegistryPublisher> registration;
   if (!flags.registry.redis.empty()) {
     const std::string advertise =
@@ -198,6 +214,7 @@ int Run(const Flags& flags) {
   // Routers stop sending work as soon as the registration is gone.
   if (registration) registration->Stop();
   // Stop admitting, let running sequences finish (up to --drain-seconds), then stop.
+  watchdog.Stop();
   tandem::SetNotServing(*server->server);
   (*engine)->Drain();
   const absl::Time give_up = absl::Now() + absl::Seconds(flags.drain_seconds);
@@ -281,6 +298,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--threads", flags.threads, "CPU threads for matrix products; 0 = all cores")
       ->envname("TANDEM_VERIFIER_THREADS")
+      ->capture_default_str();
+  app.add_option("--watchdog-seconds", flags.watchdog_seconds,
+                 "an engine that has had work and not stepped for this long is stalled: the "
+                 "verifier reports itself not ready (load reports, health service) until it "
+                 "steps again; 0 = off")
+      ->envname("TANDEM_VERIFIER_WATCHDOG_SECONDS")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--drain-seconds", flags.drain_seconds,
                  "on SIGTERM, how long running requests may take to finish")

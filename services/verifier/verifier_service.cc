@@ -374,11 +374,23 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
 }
 
 VerifierService::VerifierService(Engine* engine, VerifierIdentity identity,
-                                 ModeOptions mode_defaults, ServiceMetrics* metrics)
+                                 ModeOptions mode_defaults, ServiceMetrics* metrics,
+                                 absl::Duration watchdog)
     : engine_(engine),
       identity_(std::move(identity)),
       mode_defaults_(mode_defaults),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      watchdog_(watchdog) {}
+
+namespace {
+
+bool StalledPast(const EngineLoad& load, absl::Duration watchdog) {
+  return watchdog > absl::ZeroDuration() && load.stalled_seconds >= absl::ToDoubleSeconds(watchdog);
+}
+
+}  // namespace
+
+bool VerifierService::Stalled() const { return StalledPast(engine_->Load(), watchdog_); }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* VerifierService::Generate(
     grpc::CallbackServerContext* context, const v1::VerifyRequest* request) {
@@ -434,6 +446,8 @@ grpc::ServerUnaryReactor* VerifierService::GetLoad(grpc::CallbackServerContext* 
   reply->set_batch_tokens_ewma(load.batch_tokens_ewma);
   reply->set_preemptions(load.preemptions);
   reply->set_draining(load.draining);
+  reply->set_stalled_seconds(load.stalled_seconds);
+  reply->set_stalled(StalledPast(load, watchdog_));
   for (const StepTimePoint& point : load.cost.step_times) {
     v1::StepTime* out = reply->add_step_times();
     out->set_batch_tokens(point.batch_tokens);

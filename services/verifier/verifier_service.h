@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "absl/time/time.h"
 #include "services/common/metrics.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 #include "worker/engine/engine.h"
@@ -33,8 +34,13 @@ class VerifierService final : public v1::Verifier::CallbackService {
  public:
   // `engine` and `metrics` (may be null: no request metrics) are not owned and must outlive
   // the service.
+  // `watchdog` > 0: an engine stalled that long with work reports itself stalled (Stalled).
   VerifierService(Engine* engine, VerifierIdentity identity, ModeOptions mode_defaults,
-                  ServiceMetrics* metrics = nullptr);
+                  ServiceMetrics* metrics = nullptr,
+                  absl::Duration watchdog = absl::ZeroDuration());
+
+  // Whether the engine has had work without stepping for the watchdog's time or longer.
+  bool Stalled() const;
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::VerifyRequest* request) override;
@@ -50,6 +56,7 @@ class VerifierService final : public v1::Verifier::CallbackService {
   VerifierIdentity identity_;
   ModeOptions mode_defaults_;
   ServiceMetrics* metrics_;
+  const absl::Duration watchdog_;
 };
 
 // absl::Status -> grpc::Status with the same code and message.

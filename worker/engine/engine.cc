@@ -196,6 +196,7 @@ void Engine::Impl::Loop() {
   while (true) {
     HandleMessages(mailbox_->TakeAll());
     if (mailbox_->closed()) break;
+    Beat(!queue_.empty() || !running_.empty());
     CheckCancelsAndDeadlines();
     Admit();
     std::vector<SeqPtr> candidates;
@@ -203,6 +204,8 @@ void Engine::Impl::Loop() {
       if (!seq->sink->Backlogged()) candidates.push_back(seq);
     }
     if (candidates.empty()) {
+      // Waiting with work only while every sequence is backlogged, polled every kBacklogPoll.
+      Beat(!queue_.empty() || !running_.empty());
       PublishLoad();
       absl::Time wake = absl::InfiniteFuture();
       if (!running_.empty()) wake = absl::Now() + kBacklogPoll;

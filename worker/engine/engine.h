@@ -123,6 +123,10 @@ struct EngineLoad {
   double batch_tokens_ewma = 0;
   int64_t preemptions = 0;
   bool draining = false;
+  // How long the engine thread has had work (resident or queued sequences) without coming
+  // round its step loop: 0 while it moves or is idle. A step loop stuck for seconds (a runaway
+  // step, a hung device) shows here; the verifier's watchdog reads it.
+  double stalled_seconds = 0;
   // Measured step time over batch tokens and each mode's tokens per sequence-step over load
   // (calibration and every step since the start).
   CostModel cost;

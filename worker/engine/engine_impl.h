@@ -4,6 +4,7 @@
 // unless a member's comment says otherwise.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -115,6 +116,10 @@ class Engine::Impl {
     EngineLoad load = board_.Get();
     load.queued += mailbox_->pending_submits();
     load.draining = draining_.load();
+    if (busy_.load()) {
+      const int64_t since = absl::ToUnixNanos(absl::Now()) - heartbeat_ns_.load();
+      load.stalled_seconds = std::max(0.0, static_cast<double>(since) * 1e-9);
+    }
     return load;
   }
   const LoadedModel& model() const { return *model_; }
@@ -180,6 +185,11 @@ class Engine::Impl {
   DecodeState StateOf(const EngineSequence& seq) const;
   bool ModePlansNext(const EngineSequence& seq) const;
   void PublishLoad();
+  // The loop came round with (`busy`) or without work: Load's stall measure.
+  void Beat(bool busy) {
+    heartbeat_ns_.store(absl::ToUnixNanos(absl::Now()));
+    busy_.store(busy);
+  }
 
   LoadedModel* model_;
   const EngineOptions options_;
@@ -193,6 +203,9 @@ class Engine::Impl {
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> queued_{0};  // submitted and not yet admitted (for the queue limit)
+  // When the engine thread last came round its loop, and whether it had work then.
+  std::atomic<int64_t> heartbeat_ns_{0};
+  std::atomic<bool> busy_{false};
 
   // Engine thread only.
   KvCache kv_;

@@ -48,6 +48,10 @@ class ScriptedVerifier final : public v1::Verifier::CallbackService {
   grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
                                     const v1::WorkerLoadRequest*, v1::WorkerLoad* reply) override {
     reply->set_worker_id("w1");
+    if (stalled) {
+      reply->set_stalled(true);
+      reply->set_stalled_seconds(42);
+    }
     if (report_costs) {
       // 10 ms per step plus 1 ms per batch token; ar gains 1 token per 1-token extend, spec 3 per
       // 5-token extend: spec is the better mode at low load.
@@ -73,6 +77,7 @@ class ScriptedVerifier final : public v1::Verifier::CallbackService {
   }
 
   std::atomic<bool> report_costs{false};  // GetLoad carries a cost model
+  std::atomic<bool> stalled{false};       // GetLoad reports a stalled engine
 
   v1::VerifyRequest last_request() {
     absl::MutexLock lock(&mu_);
@@ -293,6 +298,25 @@ TEST_F(RouterServiceTest, AVerifierThatIsGoneIsUnavailableAndMarkedDown) {
   }
   EXPECT_FALSE(pool_->Healthy(0));
   EXPECT_EQ(pool_->InFlight(0), 0);
+}
+
+// A verifier whose engine reports itself stalled (its watchdog) gets no work until it moves.
+TEST_F(RouterServiceTest, AStalledVerifierIsMarkedDownUntilItStepsAgain) {
+  StartRouter(8);
+  verifier_.stalled = true;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (pool_->Healthy(0) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(pool_->Healthy(0));
+  {
+    grpc::ClientContext context;
+    auto reader = client_->Generate(&context, Request("hello", 3));
+    v1::GenerateResponse message;
+    EXPECT_FALSE(reader->Read(&message));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
+  verifier_.stalled = false;
+  while (!pool_->Healthy(0) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(pool_->Healthy(0));
 }
 
 // Finishes one Generate call of `request` through `client` and returns its status.

@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/worker/engine/test_draft_channel.h"
@@ -870,6 +872,46 @@ TEST_F(EngineTest, ObserverSeesStepsDraftsAndFallbacks) {
   EXPECT_EQ(sink->usage().drafted, 0);
   absl::MutexLock lock(&observer.mu_);
   EXPECT_GT(observer.fallbacks_["drafter_down"], 0);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Blocks the engine thread in its first step until released: a wedged step loop.
+class BlockingObserver final : public EngineObserver {
+ public:
+  void OnStep(double, int) override {
+    if (!entered.HasBeenNotified()) entered.Notify();
+    release.WaitForNotification();
+  }
+  absl::Notification entered;
+  absl::Notification release;
+};
+
+TEST_F(EngineTest, LoadReportsHowLongAStuckStepLoopHasHadWork) {
+  BlockingObserver observer;
+  EngineOptions options;
+  options.observer = &observer;
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  // Destroyed before the engine, whose thread must not stay blocked when an assertion fails.
+  absl::Cleanup unblock = [&observer] {
+    if (!observer.release.HasBeenNotified()) observer.release.Notify();
+  };
+  EXPECT_EQ(engine->Load().stalled_seconds, 0);  // idle is not stalled
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Request({.mode = "ar", .prompt = 0}), sink).ok());
+  ASSERT_TRUE(observer.entered.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_GE(engine->Load().stalled_seconds, 0.25);
+  observer.release.Notify();
+  ASSERT_TRUE(sink->Wait());
+  // Finished and idle again: nothing stalls, however long the engine now waits.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_LT(engine->Load().stalled_seconds, 0.25);
 }
 
 }  // namespace
