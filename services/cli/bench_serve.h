@@ -22,7 +22,7 @@ namespace tandem::cli {
 
 struct BenchServeArgs {
   std::string server;  // a running router's host:port; "" = start a local cluster
-  ClientTlsFlags tls;
+  ClientFlags tls;
   std::string model_dir;    // the launched cluster's target; also where the prompts come from
   std::string drafter_dir;  // the launched cluster's drafter; "" = the launcher's default
   int threads = 0;          // the launched verifier's and drafter's --threads; 0 = theirs
@@ -49,7 +49,7 @@ int RunBenchServe(const BenchServeArgs& args);
 struct BenchRouterArgs {
   std::string server;    // a running router; "" = start a local cluster
   std::string verifier;  // that router's verifier (needed with --server)
-  ClientTlsFlags tls;
+  ClientFlags tls;
   std::string model_dir;
   int threads = 0;
   int requests = 40;  // pairs (one direct, one through the router)

@@ -22,7 +22,7 @@ namespace {
 
 struct GenerateArgs {
   std::string server;  // a router's host:port: generate there instead of in-process
-  ClientTlsFlags tls;
+  ClientFlags tls;
   bool mode_set = false;  // --mode was given (a server otherwise picks its own)
   bool seed_set = false;
   std::string model_dir;

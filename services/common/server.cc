@@ -10,9 +10,11 @@
 #include <sstream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace tandem {
 
@@ -32,6 +34,34 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, std::string_view wh
   }
   return text.str();
 }
+
+// Adds `authorization: <value>` to every call of a channel.
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(std::string value) : value_(std::move(value)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", value_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string value_;
+};
+
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(const std::string& token) : value_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new TokenInterceptor(value_);
+  }
+
+ private:
+  const std::string value_;
+};
 
 std::string EnvName(std::string_view prefix, std::string_view suffix) {
   return absl::StrCat(std::string(prefix), "_", std::string(suffix));
@@ -60,7 +90,26 @@ void AddServerFlags(CLI::App& app, ServerFlags* flags, std::string_view env_pref
       ->envname(EnvName(env_prefix, "TLS_CLIENT_CA"));
 }
 
-void AddClientTlsFlags(CLI::App& app, ClientTlsFlags* flags, std::string_view env_prefix) {
+void AddClusterTokenFlag(CLI::App& app, std::string* file) {
+  app.add_option("--cluster-token-file", *file,
+                 "file holding the secret Tandem's services share: verifiers and drafters answer "
+                 "only calls that carry it; routers and verifiers send it")
+      ->envname("TANDEM_CLUSTER_TOKEN_FILE");
+}
+
+absl::StatusOr<std::string> ReadClusterToken(const std::string& file) {
+  if (file.empty()) return std::string();
+  absl::StatusOr<std::string> text = ReadPem(file, "cluster token");
+  if (!text.ok()) return text.status();
+  const std::string token(absl::StripAsciiWhitespace(*text));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cluster token file '", file, "' holds only whitespace"));
+  }
+  return token;
+}
+
+void AddClientTlsFlags(CLI::App& app, ClientFlags* flags, std::string_view env_prefix) {
   app.add_option("--client-tls-ca", flags->ca,
                  "PEM CA bundle that signed the other services' certificates; enables TLS")
       ->envname(EnvName(env_prefix, "CLIENT_TLS_CA"));
@@ -131,7 +180,7 @@ void AnnounceListening(std::string_view role, const std::string& address) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ClientTlsFlags& tls) {
+                                                           const ClientFlags& tls) {
   if (address.empty()) return absl::InvalidArgumentError("empty service address");
   grpc::ChannelArguments args;
   // Streams carry many small messages; let a dead peer be noticed within seconds.
@@ -144,11 +193,18 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectBackoffMs / 4);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMs / 4);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
+  auto channel = [&](std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    if (tls.token.empty()) return grpc::CreateCustomChannel(address, credentials, args);
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> token;
+    token.push_back(std::make_unique<TokenInterceptorFactory>(tls.token));
+    return grpc::experimental::CreateCustomChannelWithInterceptors(address, credentials, args,
+                                                                   std::move(token));
+  };
   if (tls.ca.empty()) {
     if (!tls.cert.empty() || !tls.key.empty()) {
       return absl::InvalidArgumentError("a client certificate needs --client-tls-ca");
     }
-    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    return channel(grpc::InsecureChannelCredentials());
   }
   grpc::SslCredentialsOptions options;
   auto ca = ReadPem(tls.ca, "TLS CA");
@@ -165,7 +221,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
     options.pem_cert_chain = *cert;
     options.pem_private_key = *key;
   }
-  return grpc::CreateCustomChannel(address, grpc::SslCredentials(options), args);
+  return channel(grpc::SslCredentials(options));
 }
 
 int WaitForShutdownSignal() {

@@ -27,17 +27,30 @@ struct ServerFlags {
   int max_receive_message_bytes = 0;
 };
 
-struct ClientTlsFlags {
+// How a service dials the others: TLS, and the cluster token.
+struct ClientFlags {
   std::string ca;    // PEM CA that signed the servers' certificates (TLS when set)
   std::string cert;  // PEM client certificate (mTLS)
   std::string key;   // PEM client key (mTLS)
+  // The cluster's shared token (ReadClusterToken of --cluster-token-file): when set, every call
+  // on the channel carries it as `authorization: Bearer TOKEN`. Not a flag itself.
+  std::string token;
 };
 
 // Adds --listen, --tls-cert, --tls-key, --tls-client-ca, each also read from the environment
 // variable <env_prefix>_LISTEN, <env_prefix>_TLS_CERT, ... (e.g. TANDEM_VERIFIER_LISTEN).
 void AddServerFlags(CLI::App& app, ServerFlags* flags, std::string_view env_prefix);
 // Adds --client-tls-ca, --client-tls-cert, --client-tls-key (env <env_prefix>_CLIENT_TLS_CA...).
-void AddClientTlsFlags(CLI::App& app, ClientTlsFlags* flags, std::string_view env_prefix);
+void AddClientTlsFlags(CLI::App& app, ClientFlags* flags, std::string_view env_prefix);
+
+// Adds --cluster-token-file (env TANDEM_CLUSTER_TOKEN_FILE, one variable for every service): a
+// file holding the secret the cluster's services share. A verifier and a drafter then answer
+// only calls that carry it (UNAUTHENTICATED otherwise; health and reflection stay open for
+// probes), and the router and verifiers send it on their calls to the others.
+void AddClusterTokenFlag(CLI::App& app, std::string* file);
+// The token in `file` with surrounding whitespace trimmed; "" for an empty path.
+// InvalidArgument for an unreadable file or one that holds no token.
+absl::StatusOr<std::string> ReadClusterToken(const std::string& file);
 
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;
@@ -58,10 +71,11 @@ void AnnounceListening(std::string_view role, const std::string& address);
 // The longest a client channel waits between reconnect attempts to a peer that is away.
 inline constexpr int kReconnectBackoffMs = 1000;
 
-// A channel to `address` with TLS when `tls.ca` is set, else insecure; keepalives notice a dead
-// peer within seconds, and reconnect attempts are at most kReconnectBackoffMs apart.
+// A channel to `address` with TLS when `tls.ca` is set, else insecure, carrying `tls.token` on
+// every call when set; keepalives notice a dead peer within seconds, and reconnect attempts are
+// at most kReconnectBackoffMs apart.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ClientTlsFlags& tls);
+                                                           const ClientFlags& tls);
 
 // Blocks the calling thread until SIGINT or SIGTERM; returns the signal number. Call once, from
 // main, after the servers are up.

@@ -286,14 +286,34 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
 DrafterService::DrafterService(DraftEngine* engine, DrafterServiceOptions options)
     : engine_(engine), options_(std::move(options)) {}
 
+namespace {
+
+// A Draft stream refused before it starts (a call without the cluster token).
+class RefusedDraftStream final
+    : public grpc::ServerBidiReactor<v1::DraftClientMessage, v1::DraftChain> {
+ public:
+  explicit RefusedDraftStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 grpc::ServerBidiReactor<v1::DraftClientMessage, v1::DraftChain>* DrafterService::Draft(
     grpc::CallbackServerContext* context) {
+  if (grpc::Status auth = options_.peers.CheckGrpc(*context); !auth.ok()) {
+    return new RefusedDraftStream(auth);
+  }
   return new DraftStream(engine_, options_, context->peer());
 }
 
 grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* context,
                                                   const v1::WorkerInfoRequest* /*request*/,
                                                   v1::WorkerInfo* info) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = options_.peers.CheckGrpc(*context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
   const ModelConfig& config = engine_->model_config();
   info->set_role("drafter");
   info->set_model(options_.model_id);
@@ -304,7 +324,6 @@ grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* c
   info->set_worker_id(options_.worker_id);
   for (int32_t layer : engine_->options().hidden_layers) info->add_hidden_layers(layer);
   *info->mutable_hidden_transport() = ToInfo(options_.hidden_transport);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -312,6 +331,11 @@ grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* DrafterService::GetLoad(grpc::CallbackServerContext* context,
                                                   const v1::WorkerLoadRequest* /*request*/,
                                                   v1::WorkerLoad* load) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = options_.peers.CheckGrpc(*context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
   const DraftEngineStats stats = engine_->Stats();
   load->set_worker_id(options_.worker_id);
   load->set_running_sequences(stats.sessions);
@@ -324,7 +348,6 @@ grpc::ServerUnaryReactor* DrafterService::GetLoad(grpc::CallbackServerContext* c
   load->set_preemptions(stats.evictions);
   load->set_draining(draining_);
   load->set_sessions(stats.sessions);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "grpcpp/grpcpp.h"
+#include "services/common/api_keys.h"
 #include "services/common/hidden_transport.h"
 #include "tandem/v1/drafter.grpc.pb.h"
 #include "worker/engine/draft_engine.h"
@@ -41,6 +42,7 @@ struct DrafterServiceOptions {
   // is on another GPU keeps the host path.
   DeviceHiddenSink device_sink;
   ServiceMetrics* metrics = nullptr;  // may be null
+  ApiKeys peers;  // the cluster token every call must carry (none: every call is answered)
 };
 
 class DrafterService final : public tandem::v1::Drafter::CallbackService {

@@ -34,7 +34,13 @@ int Run(const std::string& model_dir, const std::string& target_dir,
         tandem::DraftEngineOptions engine_options, int threads, const std::string& device_name,
         bool cuda_graphs, tandem::HiddenTransportMode hidden_transport_mode,
         const tandem::ServerFlags& server_flags, const tandem::MetricsFlags& metrics_flags,
-        const tandem::RegistryFlags& registry_flags) {
+        const tandem::RegistryFlags& registry_flags, const std::string& cluster_token_file) {
+  absl::StatusOr<std::string> cluster_token = tandem::ReadClusterToken(cluster_token_file);
+  if (!cluster_token.ok()) {
+    std::fprintf(stderr, "tandem-drafter: --cluster-token-file: %s\n",
+                 std::string(cluster_token.status().message()).c_str());
+    return 1;
+  }
   if (threads > 0) omp_set_num_threads(threads);
   tandem::kernels::cpu::SetBlasThreads(threads);
   // A DFlash drafter runs on the target's embeddings and head: `model` is then the target.
@@ -135,7 +141,8 @@ int Run(const std::string& model_dir, const std::string& target_dir,
                                                  .worker_id = worker_id,
                                                  .hidden_transport = hidden_transport,
                                                  .device_sink = std::move(device_sink),
-                                                 .metrics = &metrics});
+                                                 .metrics = &metrics,
+                                                 .peers = tandem::ApiKeys({*cluster_token})});
   absl::StatusOr<tandem::RunningServer> server = tandem::StartServer(server_flags, {&service});
   if (!server.ok()) {
     std::fprintf(stderr, "tandem-drafter: %s\n", server.status().ToString().c_str());
@@ -239,7 +246,9 @@ int main(int argc, char** argv) {
   tandem::AddMetricsFlags(app, &metrics_flags, "TANDEM_DRAFTER");
   tandem::RegistryFlags registry_flags;
   tandem::AddRegistryFlags(app, &registry_flags, "TANDEM_DRAFTER");
+  std::string cluster_token_file;
+  tandem::AddClusterTokenFlag(app, &cluster_token_file);
   CLI11_PARSE(app, argc, argv);
   return Run(model_dir, target_dir, engine_options, threads, device, cuda_graphs, hidden_transport,
-             server_flags, metrics_flags, registry_flags);
+             server_flags, metrics_flags, registry_flags, cluster_token_file);
 }

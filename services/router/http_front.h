@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
-#include "services/router/api_keys.h"
+#include "services/common/api_keys.h"
 #include "tandem/v1/generate.grpc.pb.h"
 
 namespace httplib {

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> verifiers;
   tandem::RouterOptions options;
   tandem::ServerFlags server_flags;
-  tandem::ClientTlsFlags client_tls;
+  tandem::ClientFlags client_tls;
   std::string redis;
   app.add_option("--verifier", verifiers,
                  "Verifier address host:port (repeatable; --redis finds more)")
@@ -88,8 +88,17 @@ int main(int argc, char** argv) {
                  "/ready stay open)")
       ->envname("TANDEM_ROUTER_API_KEYS")
       ->delimiter(',');
+  std::string cluster_token_file;
+  tandem::AddClusterTokenFlag(app, &cluster_token_file);
   CLI11_PARSE(app, argc, argv);
   options.api_keys = tandem::ApiKeys(api_keys);
+  absl::StatusOr<std::string> cluster_token = tandem::ReadClusterToken(cluster_token_file);
+  if (!cluster_token.ok()) {
+    std::fprintf(stderr, "tandem-router: --cluster-token-file: %s\n",
+                 std::string(cluster_token.status().message()).c_str());
+    return 1;
+  }
+  client_tls.token = *cluster_token;  // sent to the verifiers
   policy_options.confirm_time = absl::Seconds(policy_confirm_seconds);
 
   if (verifiers.empty() && redis.empty()) {

@@ -462,7 +462,7 @@ void GrpcDraftChannel::Core::NcclFailed(const std::string& reason) {
   Count("bytes");
 }
 
-DraftChannelFactory MakeGrpcDraftChannelFactory(ClientTlsFlags tls,
+DraftChannelFactory MakeGrpcDraftChannelFactory(ClientFlags tls,
                                                 DraftHiddenTransportOptions hidden) {
   return
       [tls = std::move(tls), hidden = std::move(hidden)](

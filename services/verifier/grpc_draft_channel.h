@@ -82,7 +82,7 @@ class GrpcDraftChannel final : public DraftChannel {
 };
 
 // Channels to drafters with the given client TLS settings (insecure when `tls.ca` is empty).
-DraftChannelFactory MakeGrpcDraftChannelFactory(ClientTlsFlags tls,
+DraftChannelFactory MakeGrpcDraftChannelFactory(ClientFlags tls,
                                                 DraftHiddenTransportOptions hidden = {});
 
 }  // namespace tandem

@@ -48,8 +48,9 @@ struct Flags {
   int threads = 0;
   int drain_seconds = 30;
   double watchdog_seconds = 30;
+  std::string cluster_token_file;
   tandem::ServerFlags server;
-  tandem::ClientTlsFlags client_tls;
+  tandem::ClientFlags client_tls;
   tandem::MetricsFlags metrics;
   tandem::RegistryFlags registry;
 };
@@ -59,7 +60,14 @@ std::string RandomWorkerId() {
   return absl::StrFormat("verifier-%08x%08x", random(), random());
 }
 
-int Run(const Flags& flags) {
+int Run(Flags flags) {
+  absl::StatusOr<std::string> cluster_token = tandem::ReadClusterToken(flags.cluster_token_file);
+  if (!cluster_token.ok()) {
+    std::cerr << "tandem-verifier: --cluster-token-file: " << cluster_token.status().message()
+              << "\n";
+    return 1;
+  }
+  flags.client_tls.token = *cluster_token;  // sent to the drafters
   absl::StatusOr<tandem::DeviceOptions> device =
       tandem::ResolveDevice(flags.device, flags.cuda_graphs);
   if (!device.ok()) {
@@ -144,7 +152,8 @@ int Run(const Flags& flags) {
   mode_defaults.spec_gamma = flags.spec_gamma;
   mode_defaults.lora_drafts = !flags.lora.empty();
   tandem::VerifierService service(engine->get(), identity, mode_defaults, &metrics,
-                                  absl::Seconds(flags.watchdog_seconds));
+                                  absl::Seconds(flags.watchdog_seconds),
+                                  tandem::ApiKeys({*cluster_token}));
   metrics.SetScrapeHook([engine = engine->get()](tandem::ServiceMetrics& m) {
     const tandem::EngineLoad load = engine->Load();
     m.SetQueueDepth(load.queued);
@@ -314,6 +323,7 @@ int main(int argc, char** argv) {
   tandem::AddClientTlsFlags(app, &flags.client_tls, "TANDEM_VERIFIER");
   tandem::AddMetricsFlags(app, &flags.metrics, "TANDEM_VERIFIER");
   tandem::AddRegistryFlags(app, &flags.registry, "TANDEM_VERIFIER");
+  tandem::AddClusterTokenFlag(app, &flags.cluster_token_file);
   CLI11_PARSE(app, argc, argv);
   return Run(flags);
 }

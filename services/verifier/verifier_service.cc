@@ -375,12 +375,13 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
 
 VerifierService::VerifierService(Engine* engine, VerifierIdentity identity,
                                  ModeOptions mode_defaults, ServiceMetrics* metrics,
-                                 absl::Duration watchdog)
+                                 absl::Duration watchdog, ApiKeys peers)
     : engine_(engine),
       identity_(std::move(identity)),
       mode_defaults_(mode_defaults),
       metrics_(metrics),
-      watchdog_(watchdog) {}
+      watchdog_(watchdog),
+      peers_(std::move(peers)) {}
 
 namespace {
 
@@ -397,6 +398,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* VerifierService::Generate(
   const std::string mode = RequestedModeLabel(request->request().mode());
   auto sink = std::make_shared<StreamSink>(metrics_, mode);
   auto* reactor = new GenerateReactor(engine_, sink);
+  if (grpc::Status auth = peers_.CheckGrpc(*context); !auth.ok()) {
+    RequestRecorder(metrics_, mode).Finish(absl::StatusCode::kUnauthenticated);
+    reactor->Finish(auth);
+    return reactor;
+  }
   absl::StatusOr<SequenceRequest> native =
       ToSequenceRequest(*request, identity_, engine_->model().model->config(), mode_defaults_);
   if (!native.ok()) {
@@ -418,6 +424,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* VerifierService::Generate(
 grpc::ServerUnaryReactor* VerifierService::GetInfo(grpc::CallbackServerContext* context,
                                                    const v1::WorkerInfoRequest* /*request*/,
                                                    v1::WorkerInfo* reply) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = peers_.CheckGrpc(*context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
   const ModelConfig& config = engine_->model().model->config();
   reply->set_role("verifier");
   reply->set_model(identity_.model_id);
@@ -427,7 +438,6 @@ grpc::ServerUnaryReactor* VerifierService::GetInfo(grpc::CallbackServerContext* 
   reply->set_version(VersionString());
   reply->set_worker_id(identity_.worker_id);
   reply->set_default_mode(identity_.default_mode);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -435,6 +445,11 @@ grpc::ServerUnaryReactor* VerifierService::GetInfo(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* VerifierService::GetLoad(grpc::CallbackServerContext* context,
                                                    const v1::WorkerLoadRequest* /*request*/,
                                                    v1::WorkerLoad* reply) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = peers_.CheckGrpc(*context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
   const EngineLoad load = engine_->Load();
   reply->set_worker_id(identity_.worker_id);
   reply->set_running_sequences(load.running);
@@ -467,7 +482,6 @@ grpc::ServerUnaryReactor* VerifierService::GetLoad(grpc::CallbackServerContext* 
       out->set_samples(point.samples);
     }
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "services/common/api_keys.h"
 #include "services/common/metrics.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 #include "worker/engine/engine.h"
@@ -35,9 +36,10 @@ class VerifierService final : public v1::Verifier::CallbackService {
   // `engine` and `metrics` (may be null: no request metrics) are not owned and must outlive
   // the service.
   // `watchdog` > 0: an engine stalled that long with work reports itself stalled (Stalled).
+  // `peers`: the cluster token every call must carry (none: every call is answered).
   VerifierService(Engine* engine, VerifierIdentity identity, ModeOptions mode_defaults,
-                  ServiceMetrics* metrics = nullptr,
-                  absl::Duration watchdog = absl::ZeroDuration());
+                  ServiceMetrics* metrics = nullptr, absl::Duration watchdog = absl::ZeroDuration(),
+                  ApiKeys peers = {});
 
   // Whether the engine has had work without stepping for the watchdog's time or longer.
   bool Stalled() const;
@@ -57,6 +59,7 @@ class VerifierService final : public v1::Verifier::CallbackService {
   ModeOptions mode_defaults_;
   ServiceMetrics* metrics_;
   const absl::Duration watchdog_;
+  const ApiKeys peers_;
 };
 
 // absl::Status -> grpc::Status with the same code and message.

@@ -56,6 +56,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
       argv->insert(argv->end(), {"--metrics-listen", "127.0.0.1:0"});
     }
   }
+  if (!options.cluster_token_file.empty()) {
+    for (auto* argv : {&verifier, &router, &drafter}) {
+      argv->insert(argv->end(), {"--cluster-token-file", options.cluster_token_file});
+    }
+  }
   if (options.drafter) {
     auto drafter_process = StartService("drafter", drafter, &cluster->drafter_address_);
     if (!drafter_process.ok()) return drafter_process.status();

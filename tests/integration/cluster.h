@@ -37,6 +37,8 @@ struct ClusterOptions {
   // The drafter's model flags; empty = "--model <target>" (e.g. a DFlash drafter's "--model",
   // dir, "--target-model", TargetModelDir()).
   std::vector<std::string> drafter_model_flags;
+  // Every service gets --cluster-token-file with this file (empty: none).
+  std::string cluster_token_file;
 };
 
 class Cluster {

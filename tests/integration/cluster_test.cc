@@ -20,7 +20,9 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "services/cli/child_process.h"
+#include "tandem/v1/drafter.grpc.pb.h"
 #include "tandem/v1/verifier.grpc.pb.h"
+#include "tests/support/health_check.h"
 #include "worker/decoding/modes.h"
 #include "worker/engine/local_generator.h"
 
@@ -362,6 +364,82 @@ TEST(DrafterFailureTest, KilledDrafterMidGenerationStreamsStillCompleteExactly) 
     drafted += results[i].last.usage().draft_tokens();
   }
   EXPECT_GT(drafted, 0) << "the drafter was never used, so its death proved nothing";
+}
+
+// With a cluster token the services answer only each other: a spec request through the router
+// drafts (router -> verifier -> drafter all carry the token), while a call straight to the
+// verifier or the drafter without it is UNAUTHENTICATED; health stays open for probes.
+TEST(ClusterTokenTest, ServicesAnswerOnlyCallsThatCarryTheToken) {
+  const std::string token_file = ::testing::TempDir() + "cluster-token-" + std::to_string(getpid());
+  {
+    std::ofstream out(token_file);
+    out << "s3cret-token\n";
+  }
+  auto started = Cluster::Start({.cluster_token_file = token_file});
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<Cluster> cluster = std::move(*started);
+  StreamResult through = Generate(cluster->generation(), Greedy(kPrompts[0], "spec", 48));
+  ASSERT_TRUE(through.status.ok()) << through.status.error_message();
+  auto expected = Reference::Get().Generate(kPrompts[0], "ar", 48);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ(through.tokens, expected->tokens);
+  EXPECT_GT(through.last.usage().draft_tokens(), 0) << "the verifier could not reach the drafter";
+
+  auto channel = [](const std::string& address) {
+    return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  };
+  auto verifier = v1::Verifier::NewStub(channel(cluster->verifier_address()));
+  auto drafter = v1::Drafter::NewStub(channel(cluster->drafter_address()));
+  for (const char* authorization : {"", "Bearer wrong-token"}) {
+    SCOPED_TRACE(authorization);
+    auto with = [&](grpc::ClientContext& context) {
+      if (*authorization != '\0') context.AddMetadata("authorization", authorization);
+    };
+    {
+      grpc::ClientContext context;
+      with(context);
+      v1::WorkerLoad load;
+      EXPECT_EQ(verifier->GetLoad(&context, v1::WorkerLoadRequest(), &load).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+    }
+    {
+      grpc::ClientContext context;
+      with(context);
+      v1::VerifyRequest request;
+      *request.mutable_request() = Greedy(kPrompts[0], "ar", 4);
+      auto reader = verifier->Generate(&context, request);
+      v1::GenerateResponse message;
+      EXPECT_FALSE(reader->Read(&message));
+      EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    }
+    {
+      grpc::ClientContext context;
+      with(context);
+      v1::WorkerInfo info;
+      EXPECT_EQ(drafter->GetInfo(&context, v1::WorkerInfoRequest(), &info).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+    }
+    {
+      grpc::ClientContext context;
+      with(context);
+      auto stream = drafter->Draft(&context);
+      v1::DraftChain chain;
+      EXPECT_FALSE(stream->Read(&chain));
+      EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    }
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer s3cret-token");
+    v1::WorkerLoad load;
+    EXPECT_TRUE(verifier->GetLoad(&context, v1::WorkerLoadRequest(), &load).ok());
+  }
+  for (const std::string& address : {cluster->verifier_address(), cluster->drafter_address()}) {
+    bool serving = false;
+    EXPECT_TRUE(CheckHealth(channel(address), &serving).ok()) << address;
+    EXPECT_TRUE(serving) << address;
+  }
+  std::remove(token_file.c_str());
 }
 
 TEST(TandemUpTest, ServesOneRequestAndStopsOnSigterm) {

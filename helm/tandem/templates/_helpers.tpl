@@ -115,6 +115,33 @@ livenessProbe:
   failureThreshold: 6
 {{- end -}}
 
+{{- define "tandem.clusterTokenSecretName" -}}
+{{- .Values.clusterToken.existingSecret | default (printf "%s-cluster-token" (include "tandem.fullname" .)) -}}
+{{- end -}}
+
+{{/* The cluster token flag (every service). */}}
+{{- define "tandem.clusterTokenArgs" -}}
+{{- if .Values.clusterToken.enabled }}
+- --cluster-token-file=/etc/tandem/cluster-token/token
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.clusterTokenVolume" -}}
+{{- if .Values.clusterToken.enabled }}
+- name: cluster-token
+  secret:
+    secretName: {{ include "tandem.clusterTokenSecretName" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.clusterTokenMount" -}}
+{{- if .Values.clusterToken.enabled }}
+- name: cluster-token
+  mountPath: /etc/tandem/cluster-token
+  readOnly: true
+{{- end }}
+{{- end -}}
+
 {{- define "tandem.tlsVolume" -}}
 {{- if .Values.tls.enabled }}
 - name: tls

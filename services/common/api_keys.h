@@ -1,6 +1,7 @@
-// Optional API keys of the router (--api-key, TANDEM_ROUTER_API_KEYS). When any key is set, a
-// client must present one as "Bearer KEY": in the HTTP Authorization header, or in the gRPC
-// `authorization` metadata of Generation calls. With no key set every call is allowed.
+// Optional bearer tokens: the router's API keys (--api-key, TANDEM_ROUTER_API_KEYS) and the
+// cluster token the verifiers and drafters check (--cluster-token-file). When any key is set, a
+// caller must present one as "Bearer KEY": in the HTTP Authorization header, or in the gRPC
+// `authorization` metadata. With no key set every call is allowed.
 //
 // Thread-safety: immutable after construction; any thread may call the const methods.
 #pragma once

@@ -1,4 +1,4 @@
-#include "services/router/api_keys.h"
+#include "services/common/api_keys.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
