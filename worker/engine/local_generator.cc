@@ -25,6 +25,25 @@ absl::Status AttachLoraAdapter(LoadedModel& model, const std::string& dir) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The model's end-of-sequence tokens, the chat ends the tokenizer has, and the request's own.
+StopConditions StopsOf(const ModelConfig& config, const Tokenizer& tokenizer,
+                       const GenerateOptions& options, int max_tokens) {
+  StopConditions stop;
+  stop.stop_token_ids = config.eos_token_ids;
+  for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
+    if (auto id = tokenizer.TokenId(name)) stop.stop_token_ids.push_back(*id);
+  }
+  stop.stop_token_ids.insert(stop.stop_token_ids.end(), options.extra_stop_token_ids.begin(),
+                             options.extra_stop_token_ids.end());
+  stop.stop_strings = options.stop_strings;
+  stop.max_tokens = max_tokens;
+  return stop;
+}
+
+}  // namespace
+
 LocalGenerator::LocalGenerator(LoadedModel* model) : model_(model) {}
 
 absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& prompt,
@@ -59,16 +78,7 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   }
   const int max_tokens = std::min(options.max_tokens, context - prompt_len);
 
-  StopConditions stop;
-  stop.stop_token_ids = config.eos_token_ids;
-  for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
-    if (auto id = tokenizer.TokenId(name)) stop.stop_token_ids.push_back(*id);
-  }
-  stop.stop_token_ids.insert(stop.stop_token_ids.end(), options.extra_stop_token_ids.begin(),
-                             options.extra_stop_token_ids.end());
-  stop.stop_strings = options.stop_strings;
-  stop.max_tokens = max_tokens;
-  StopChecker checker(std::move(stop));
+  StopChecker checker(StopsOf(config, tokenizer, options, max_tokens));
   IncrementalDetokenizer detok(tokenizer);
 
   absl::Status stream_status;
