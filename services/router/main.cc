@@ -1,5 +1,7 @@
 // `tandem-router`: the cluster's front door. Serves tandem.v1.Generation and relays each request
 // to the least-loaded healthy verifier (see router_service.h).
+#include <malloc.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -20,7 +22,24 @@
 #include "services/router/verifier_monitor.h"
 #include "services/router/verifier_stubs.h"
 
+namespace {
+
+// glibc raises its mmap threshold after each large free (up to 32 MiB); request bodies of a few
+// MB then come from the HTTP threads' arenas, which keep their pages: a router that had refused
+// 64 bodies of 10 MB (16 at a time) held 430 MB until it exited, against 24 MB at start. A fixed
+// threshold keeps every buffer of 256 KiB or more in a mapping of its own, returned to the
+// system when freed (the same run ends at 27 MB). The router's small per-request objects are
+// unaffected.
+void ReturnLargeBuffersToTheSystem() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+#endif
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  ReturnLargeBuffersToTheSystem();
   CLI::App app{"tandem-router: admits generation requests and relays them to the verifiers"};
   std::vector<std::string> verifiers;
   tandem::RouterOptions options;
