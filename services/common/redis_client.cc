@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <fstream>
+#include <iterator>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
@@ -62,6 +65,29 @@ absl::StatusOr<RedisAddress> ParseRedisAddress(std::string_view host_port) {
   return address;
 }
 
+absl::StatusOr<RedisClient::Options> RedisClient::WithAuth(RedisAddress address,
+                                                           const RedisAuth& auth) {
+  Options options{.address = std::move(address), .user = auth.user};
+  if (auth.password_file.empty()) {
+    if (!auth.user.empty()) {
+      return absl::InvalidArgumentError("a Redis user needs its password (--redis-password-file)");
+    }
+    return options;
+  }
+  std::ifstream in(auth.password_file, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the Redis password file '", auth.password_file, "'"));
+  }
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  options.password = std::string(absl::StripAsciiWhitespace(text));
+  if (options.password.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the Redis password file '", auth.password_file, "' is empty"));
+  }
+  return options;
+}
+
 RedisClient::RedisClient(Options options)
     : options_(std::move(options)), backoff_(options_.min_backoff) {}
 
@@ -105,6 +131,28 @@ absl::Status RedisClient::ConnectLocked() {
     redisFree(context);
     return absl::UnavailableError(
         absl::StrCat("cannot set a timeout on the Redis connection to ", address()));
+  }
+  if (!options_.password.empty()) {
+    std::vector<const char*> args = {"AUTH"};
+    if (!options_.user.empty()) args.push_back(options_.user.c_str());
+    args.push_back(options_.password.c_str());
+    auto* reply = static_cast<redisReply*>(
+        redisCommandArgv(context, static_cast<int>(args.size()), args.data(), nullptr));
+    std::string refused;
+    if (reply == nullptr) {
+      refused = context->errstr;
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+      refused.assign(reply->str, reply->len);
+    }
+    if (reply != nullptr) freeReplyObject(reply);
+    if (!refused.empty()) {
+      redisFree(context);
+      next_attempt_ = now + backoff_;
+      backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+      return absl::UnauthenticatedError(absl::StrCat("Redis at ", address(), " refused AUTH",
+                                                     options_.user.empty() ? "" : " as ",
+                                                     options_.user, ": ", refused));
+    }
   }
   context_ = context;
   backoff_ = options_.min_backoff;

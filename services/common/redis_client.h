@@ -38,6 +38,13 @@ struct RedisAddress {
 // "HOST:PORT" (IPv6 as "[::1]:6379"). InvalidArgument names what is wrong.
 absl::StatusOr<RedisAddress> ParseRedisAddress(std::string_view host_port);
 
+// How a service authenticates to Redis (AUTH): an ACL user (empty: the default user) and a file
+// holding the password (empty: no AUTH), so that the password is in no command line.
+struct RedisAuth {
+  std::string user;
+  std::string password_file;
+};
+
 class RedisClient {
  public:
   struct Options {
@@ -45,7 +52,14 @@ class RedisClient {
     absl::Duration timeout = absl::Seconds(1);  // connect and each command
     absl::Duration min_backoff = absl::Milliseconds(200);
     absl::Duration max_backoff = absl::Seconds(5);
+    // AUTH after every connect when `password` is set (with `user` when set too). A refused
+    // AUTH fails the command as Unauthenticated with Redis' answer, and backs off.
+    std::string user;
+    std::string password;
   };
+  // The options for `address` with the credentials of `auth` (its password file read);
+  // InvalidArgument for an unreadable or empty password file.
+  static absl::StatusOr<Options> WithAuth(RedisAddress address, const RedisAuth& auth);
 
   explicit RedisClient(Options options);
   ~RedisClient();

@@ -15,18 +15,29 @@ void AddRegistryFlags(CLI::App& app, RegistryFlags* flags, const std::string& en
   app.add_option("--advertise", flags->advertise,
                  "HOST:PORT that routers and verifiers dial (default: the listen address)")
       ->envname(env_prefix + "_ADVERTISE");
+  AddRedisAuthFlags(app, &flags->auth);
+}
+
+void AddRedisAuthFlags(CLI::App& app, RedisAuth* auth) {
+  app.add_option("--redis-user", auth->user, "Redis ACL user for AUTH (default: the default user)")
+      ->envname("TANDEM_REDIS_USER");
+  app.add_option("--redis-password-file", auth->password_file,
+                 "file holding the Redis password; empty = no AUTH")
+      ->envname("TANDEM_REDIS_PASSWORD_FILE");
 }
 
 absl::StatusOr<std::unique_ptr<RegistryPublisher>> RegistryPublisher::Create(Options options) {
   absl::StatusOr<RedisAddress> address = ParseRedisAddress(options.redis);
   if (!address.ok()) return address.status();
-  return std::unique_ptr<RegistryPublisher>(new RegistryPublisher(std::move(options), *address));
+  absl::StatusOr<RedisClient::Options> client = RedisClient::WithAuth(*address, options.auth);
+  if (!client.ok()) return client.status();
+  client->max_backoff = std::min(absl::Seconds(5), options.period);
+  return std::unique_ptr<RegistryPublisher>(
+      new RegistryPublisher(std::move(options), *std::move(client)));
 }
 
-RegistryPublisher::RegistryPublisher(Options options, RedisAddress address)
-    : options_(std::move(options)),
-      client_(RedisClient::Options{.address = std::move(address),
-                                   .max_backoff = std::min(absl::Seconds(5), options_.period)}) {}
+RegistryPublisher::RegistryPublisher(Options options, RedisClient::Options client)
+    : options_(std::move(options)), client_(std::move(client)) {}
 
 RegistryPublisher::~RegistryPublisher() { Stop(); }
 

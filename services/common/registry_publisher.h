@@ -29,13 +29,18 @@ namespace tandem {
 struct RegistryFlags {
   std::string redis;
   std::string advertise;
+  RedisAuth auth;
 };
 void AddRegistryFlags(CLI::App& app, RegistryFlags* flags, const std::string& env_prefix);
+// Adds --redis-user and --redis-password-file (env TANDEM_REDIS_USER, TANDEM_REDIS_PASSWORD_FILE:
+// one pair for every service); AddRegistryFlags includes them.
+void AddRedisAuthFlags(CLI::App& app, RedisAuth* auth);
 
 class RegistryPublisher {
  public:
   struct Options {
     std::string redis;  // HOST:PORT
+    RedisAuth auth;
     absl::Duration ttl = absl::Seconds(6);
     absl::Duration period = absl::Seconds(2);
     // The record to write, load included; called at every heartbeat.
@@ -53,7 +58,7 @@ class RegistryPublisher {
   void Stop();
 
  private:
-  explicit RegistryPublisher(Options options, RedisAddress address);
+  RegistryPublisher(Options options, RedisClient::Options client);
   void Publish();
 
   const Options options_;

@@ -155,6 +155,7 @@ int Run(const std::string& model_dir, const std::string& target_dir,
         registry_flags.advertise.empty() ? server->address : registry_flags.advertise;
     auto publisher = tandem::RegistryPublisher::Create(
         {.redis = registry_flags.redis,
+         .auth = registry_flags.auth,
          .snapshot =
              [worker_id, advertise, model = ModelId(model_dir), engine = engine->get()] {
                const tandem::DraftEngineStats stats = engine->Stats();

@@ -14,6 +14,7 @@
 #include "router/registry.h"
 #include "router/verifier_pool.h"
 #include "services/common/metrics.h"
+#include "services/common/registry_publisher.h"
 #include "services/common/server.h"
 #include "services/router/http_front.h"
 #include "services/router/registry_watcher.h"
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   std::string cluster_token_file;
   tandem::AddClusterTokenFlag(app, &cluster_token_file);
+  tandem::RedisAuth redis_auth;
+  tandem::AddRedisAuthFlags(app, &redis_auth);
   CLI11_PARSE(app, argc, argv);
   options.api_keys = tandem::ApiKeys(api_keys);
   absl::StatusOr<std::string> cluster_token = tandem::ReadClusterToken(cluster_token_file);
@@ -136,7 +139,7 @@ int main(int argc, char** argv) {
   tandem::router::RegistryView registry(&pool);
   std::unique_ptr<tandem::RegistryWatcher> watcher;
   if (!redis.empty()) {
-    auto created = tandem::RegistryWatcher::Create(redis, &registry);
+    auto created = tandem::RegistryWatcher::Create(redis, &registry, absl::Seconds(1), redis_auth);
     if (!created.ok()) {
       std::fprintf(stderr, "tandem-router: %s\n", created.status().ToString().c_str());
       return 1;

@@ -10,18 +10,19 @@ namespace tandem {
 
 absl::StatusOr<std::unique_ptr<RegistryWatcher>> RegistryWatcher::Create(const std::string& redis,
                                                                          router::RegistryView* view,
-                                                                         absl::Duration period) {
+                                                                         absl::Duration period,
+                                                                         const RedisAuth& auth) {
   absl::StatusOr<RedisAddress> address = ParseRedisAddress(redis);
   if (!address.ok()) return address.status();
-  return std::unique_ptr<RegistryWatcher>(new RegistryWatcher(*address, view, period));
+  absl::StatusOr<RedisClient::Options> client = RedisClient::WithAuth(*address, auth);
+  if (!client.ok()) return client.status();
+  client->max_backoff = std::min(absl::Seconds(5), period * 4);
+  return std::unique_ptr<RegistryWatcher>(new RegistryWatcher(*std::move(client), view, period));
 }
 
-RegistryWatcher::RegistryWatcher(RedisAddress address, router::RegistryView* view,
+RegistryWatcher::RegistryWatcher(RedisClient::Options client, router::RegistryView* view,
                                  absl::Duration period)
-    : client_(RedisClient::Options{.address = std::move(address),
-                                   .max_backoff = std::min(absl::Seconds(5), period * 4)}),
-      view_(view),
-      period_(period) {}
+    : client_(std::move(client)), view_(view), period_(period) {}
 
 RegistryWatcher::~RegistryWatcher() { Stop(); }
 

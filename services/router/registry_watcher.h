@@ -23,7 +23,7 @@ class RegistryWatcher {
   // `view` is not owned and must outlive the watcher. InvalidArgument for a malformed address.
   static absl::StatusOr<std::unique_ptr<RegistryWatcher>> Create(
       const std::string& redis, router::RegistryView* view,
-      absl::Duration period = absl::Seconds(1));
+      absl::Duration period = absl::Seconds(1), const RedisAuth& auth = {});
   ~RegistryWatcher();  // Stop()s
 
   // Reads the registry once on the calling thread, then every period on a thread of its own.
@@ -35,7 +35,7 @@ class RegistryWatcher {
   absl::StatusOr<std::vector<router::WorkerRecord>> List();
 
  private:
-  RegistryWatcher(RedisAddress address, router::RegistryView* view, absl::Duration period);
+  RegistryWatcher(RedisClient::Options client, router::RegistryView* view, absl::Duration period);
   void WatchOnce();
 
   RedisClient client_;

@@ -195,6 +195,7 @@ int Run(Flags flags) {
         flags.registry.advertise.empty() ? server->address : flags.registry.advertise;
     auto publisher = tandem::RegistryPublisher::Create(
         {.redis = flags.registry.redis,
+         .auth = flags.registry.auth,
          .snapshot =
              [identity, advertise, engine = engine->get(),
               max_context = model->model->config().max_position_embeddings] {

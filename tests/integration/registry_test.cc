@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,10 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/cli/child_process.h"
 #include "services/common/redis_client.h"
 #include "tests/integration/cluster.h"
+#include "tests/worker/model/checkpoint/temp_dir.h"
 
 namespace tandem::testing {
 namespace {
@@ -56,19 +59,22 @@ std::string FindOnPath(const std::string& name) {
 // A throwaway redis-server on 127.0.0.1 with no persistence.
 class RedisServer {
  public:
-  absl::Status Start(int port) {
+  // `password` set: the server requires it (requirepass).
+  absl::Status Start(int port, const std::string& password = "") {
     const std::string binary = FindOnPath("redis-server");
     if (binary.empty()) return absl::NotFoundError("redis-server is not on PATH");
     port_ = port;
-    auto child = ChildProcess::Start({.name = "redis",
-                                      .argv = {binary, "--port", std::to_string(port), "--bind",
-                                               "127.0.0.1", "--save", "", "--appendonly", "no"},
-                                      .forward_output = false});
+    std::vector<std::string> argv = {binary,   "--port",       std::to_string(port),
+                                     "--bind", "127.0.0.1",    "--save",
+                                     "",       "--appendonly", "no"};
+    if (!password.empty()) argv.insert(argv.end(), {"--requirepass", password});
+    auto child = ChildProcess::Start({.name = "redis", .argv = argv, .forward_output = false});
     if (!child.ok()) return child.status();
     process_ = std::move(*child);
     RedisClient client({.address = {.host = "127.0.0.1", .port = port},
                         .min_backoff = absl::Milliseconds(20),
-                        .max_backoff = absl::Milliseconds(20)});
+                        .max_backoff = absl::Milliseconds(20),
+                        .password = password});
     const absl::Time give_up = absl::Now() + absl::Seconds(20);
     while (absl::Now() < give_up) {
       absl::StatusOr<RedisReply> pong = client.Command({"PING"});
@@ -216,6 +222,54 @@ TEST_F(RegistryTest, WorkersRegisterAndTheRouterServesFromTheRegistry) {
   const StreamResult spec = Generate(*stub, Short("spec"));
   ASSERT_TRUE(spec.status.ok());
   EXPECT_GT(spec.last.usage().draft_tokens(), 0) << router_->StderrTail();
+}
+
+// A Redis that requires a password: clients without it or with a wrong one are refused with
+// Redis' answer, and workers and the router given it (--redis-password-file) register and serve.
+TEST(RedisAuthTest, WorkersAndTheRouterAuthenticateToRedis) {
+  RedisServer redis;
+  const absl::Status started = redis.Start(FreePort(), "registry-secret");
+  ASSERT_TRUE(started.ok()) << started;
+  const RedisAddress address{.host = "127.0.0.1", .port = redis.port()};
+  RedisClient anonymous({.address = address});
+  absl::StatusOr<RedisReply> refused = anonymous.Command({"PING"});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("NOAUTH"));
+  RedisClient wrong({.address = address, .password = "not-it"});
+  refused = wrong.Command({"PING"});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("refused AUTH"));
+
+  static const test::TempDir dir;
+  const std::string password_file = dir.File("redis-password");
+  std::ofstream(password_file) << "registry-secret\n";
+  EXPECT_FALSE(RedisClient::WithAuth(address, {.password_file = dir.File("missing")}).ok());
+  absl::StatusOr<RedisClient::Options> options =
+      RedisClient::WithAuth(address, {.password_file = password_file});
+  ASSERT_TRUE(options.ok()) << options.status();
+  RedisClient client(*options);
+  ASSERT_TRUE(client.Command({"PING"}).ok());
+
+  std::string verifier_address, router_address;
+  auto verifier = StartService(
+      "verifier",
+      {BinaryPath("verifier", "tandem-verifier"), "--model", TargetModelDir(), "--listen",
+       "127.0.0.1:0", "--redis", redis.address(), "--redis-password-file", password_file},
+      &verifier_address);
+  ASSERT_TRUE(verifier.ok()) << verifier.status();
+  ASSERT_TRUE(
+      WaitFor([&] { return Registered(client, "verifier").size() == 1; }, absl::Seconds(10)));
+  auto router = StartService("router",
+                             {BinaryPath("router", "tandem-router"), "--listen", "127.0.0.1:0",
+                              "--redis", redis.address(), "--redis-password-file", password_file},
+                             &router_address);
+  ASSERT_TRUE(router.ok()) << router.status();
+  auto stub = GenerationStub(router_address);
+  ASSERT_TRUE(WaitFor([&] { return ModelCount(*stub) == 1; }, absl::Seconds(10)))
+      << (*router)->StderrTail();
+  const StreamResult result = Generate(*stub, Short("ar"));
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  EXPECT_EQ(result.tokens.size(), 16u);
 }
 
 TEST_F(RegistryTest, KilledWorkerExpiresFromTheRoutersView) {
