@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     verifier.insert(verifier.end(), {"--drafter", cluster->drafter_address_});
     router.insert(router.end(), {"--drafter", cluster->drafter_address_});
   }
+  verifier.insert(verifier.end(), options.verifier_flags.begin(), options.verifier_flags.end());
   auto verifier_process = StartService("verifier", verifier, &cluster->verifier_address_);
   if (!verifier_process.ok()) return verifier_process.status();
   cluster->verifier_ = std::move(*verifier_process);

@@ -33,7 +33,8 @@ struct ClusterOptions {
   bool drafter = true;       // start a tandem-drafter and point the verifier and router at it
   int router_max_queue = 0;  // 0 = the router's default
   bool metrics = false;      // every service serves /metrics on a port chosen by the OS
-  std::vector<std::string> router_flags;  // appended to the router's command line
+  std::vector<std::string> router_flags;    // appended to the router's command line
+  std::vector<std::string> verifier_flags;  // appended to the verifier's command line
   // The drafter's model flags; empty = "--model <target>" (e.g. a DFlash drafter's "--model",
   // dir, "--target-model", TargetModelDir()).
   std::vector<std::string> drafter_model_flags;
