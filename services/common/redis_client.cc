@@ -140,7 +140,7 @@ absl::Status RedisClient::ConnectLocked() {
         redisCommandArgv(context, static_cast<int>(args.size()), args.data(), nullptr));
     std::string refused;
     if (reply == nullptr) {
-      refused = context->errstr;
+      refused = context->errstr[0] != '\0' ? context->errstr : "no answer";
     } else if (reply->type == REDIS_REPLY_ERROR) {
       refused.assign(reply->str, reply->len);
     }

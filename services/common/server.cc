@@ -180,7 +180,7 @@ void AnnounceListening(std::string_view role, const std::string& address) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ClientFlags& tls) {
+                                                           const ClientFlags& client) {
   if (address.empty()) return absl::InvalidArgumentError("empty service address");
   grpc::ChannelArguments args;
   // Streams carry many small messages; let a dead peer be noticed within seconds.
@@ -194,29 +194,29 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMs / 4);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
   auto channel = [&](std::shared_ptr<grpc::ChannelCredentials> credentials) {
-    if (tls.token.empty()) return grpc::CreateCustomChannel(address, credentials, args);
+    if (client.token.empty()) return grpc::CreateCustomChannel(address, credentials, args);
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> token;
-    token.push_back(std::make_unique<TokenInterceptorFactory>(tls.token));
+    token.push_back(std::make_unique<TokenInterceptorFactory>(client.token));
     return grpc::experimental::CreateCustomChannelWithInterceptors(address, credentials, args,
                                                                    std::move(token));
   };
-  if (tls.ca.empty()) {
-    if (!tls.cert.empty() || !tls.key.empty()) {
+  if (client.ca.empty()) {
+    if (!client.cert.empty() || !client.key.empty()) {
       return absl::InvalidArgumentError("a client certificate needs --client-tls-ca");
     }
     return channel(grpc::InsecureChannelCredentials());
   }
   grpc::SslCredentialsOptions options;
-  auto ca = ReadPem(tls.ca, "TLS CA");
+  auto ca = ReadPem(client.ca, "TLS CA");
   if (!ca.ok()) return ca.status();
   options.pem_root_certs = *ca;
-  if (!tls.cert.empty() || !tls.key.empty()) {
-    if (tls.cert.empty() || tls.key.empty()) {
+  if (!client.cert.empty() || !client.key.empty()) {
+    if (client.cert.empty() || client.key.empty()) {
       return absl::InvalidArgumentError("mutual TLS needs both --client-tls-cert and -key");
     }
-    auto cert = ReadPem(tls.cert, "TLS client certificate");
+    auto cert = ReadPem(client.cert, "TLS client certificate");
     if (!cert.ok()) return cert.status();
-    auto key = ReadPem(tls.key, "TLS client key");
+    auto key = ReadPem(client.key, "TLS client key");
     if (!key.ok()) return key.status();
     options.pem_cert_chain = *cert;
     options.pem_private_key = *key;

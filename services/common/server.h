@@ -71,11 +71,11 @@ void AnnounceListening(std::string_view role, const std::string& address);
 // The longest a client channel waits between reconnect attempts to a peer that is away.
 inline constexpr int kReconnectBackoffMs = 1000;
 
-// A channel to `address` with TLS when `tls.ca` is set, else insecure, carrying `tls.token` on
-// every call when set; keepalives notice a dead peer within seconds, and reconnect attempts are
+// A channel to `address` with TLS when `client.ca` is set, else insecure, carrying `client.token`
+// on every call when set; keepalives notice a dead peer within seconds, and reconnect attempts are
 // at most kReconnectBackoffMs apart.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ClientFlags& tls);
+                                                           const ClientFlags& client);
 
 // Blocks the calling thread until SIGINT or SIGTERM; returns the signal number. Call once, from
 // main, after the servers are up.
