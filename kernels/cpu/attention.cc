@@ -17,13 +17,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Extends with at most this many new tokens take the direct path (decode and short verify
-// steps): dot products straight from the paged cache, nothing gathered, each query computed
-// exactly as a one-token step computes it, so such a step's attention equals a decode step's bit
-// for bit (with kernels/cpu/rows_gemm.h the whole step is then batch invariant). Longer extends
-// take the GEMM path, faster from about 8 new tokens on (bench engine's grid, 12/4 heads of 64
-// at 512 keys: a 16-token extend 33 ms against 40 direct; 4 tokens 18.7 against 18.2).
-constexpr int kDirectMaxTokens = 4;
 // Rows (query, q head) of one score tile on the GEMM path. A tile's scores, [rows, keys], stay
 // in cache between the two products and the softmax; fewer rows also compute less of the causal
 // triangle's far side. 64 to 256 measure alike; 128 is the middle.
@@ -418,12 +411,12 @@ const char* AttentionCheck(const AttentionParams& p) {
 }
 
 size_t AttentionWorkspaceFloats(const AttentionParams& p) {
-  return p.new_tokens <= kDirectMaxTokens ? DirectWorkspace(p) : GemmWorkspace(p);
+  return p.new_tokens <= kAttentionDirectMaxTokens ? DirectWorkspace(p) : GemmWorkspace(p);
 }
 
 void AttentionInvoke(const AttentionParams& p, float* workspace) {
   if (p.new_tokens <= 0) return;
-  if (p.new_tokens <= kDirectMaxTokens) {
+  if (p.new_tokens <= kAttentionDirectMaxTokens) {
     InvokeDirect(p, workspace);
   } else {
     InvokeGemm(p, workspace);

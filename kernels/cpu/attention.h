@@ -11,6 +11,15 @@
 
 namespace tandem::kernels::cpu {
 
+// Extends with at most this many new tokens (decode and short verify steps) take the direct
+// path: dot products straight from the paged cache, nothing gathered, each query computed exactly
+// as a one-token extend computes it, so such an extend's attention equals that of one-token
+// extends bit for bit (with kernels/cpu/rows_gemm.h the whole step is then batch invariant).
+// Longer extends take the GEMM path, faster from about 8 new tokens on (bench engine's grid,
+// 12/4 heads of 64 at 512 keys: a 16-token extend 33 ms against 40 direct; 4 tokens 18.7
+// against 18.2).
+inline constexpr int kAttentionDirectMaxTokens = 4;
+
 struct AttentionParams {
   const float* q = nullptr;  // [new_tokens, q_heads, head_dim], row stride q_stride
   int q_stride = 0;

@@ -134,6 +134,7 @@ absl::StatusOr<std::shared_ptr<EngineSequence>> Engine::Impl::BuildSequence(
                                                    request.max_tokens));
   }
   seq->max_new = std::min(request.max_tokens - committed, context_ - used);
+  seq->migrated = committed > 0;
   return seq;
 }
 
@@ -364,7 +365,9 @@ std::optional<Engine::Impl::Planned> Engine::Impl::PlanSequence(const SeqPtr& se
   p.seq = seq;
   p.state = StateOf(*seq);
   const int chunk_limit = std::max(1, std::min(options_.prefill_chunk, room));
-  if (std::optional<StepPlan> slice = PrefillSlice(seq->tokens, seq->kv_len, chunk_limit)) {
+  const int exact = seq->migrated ? model_->model->backend()->ExactExtendTokens() : 0;
+  if (std::optional<StepPlan> slice =
+          ReplaySlice(seq->tokens, seq->kv_len, chunk_limit, seq->prompt_len, exact)) {
     p.prefill = true;
     p.plan = std::move(*slice);
   } else {

@@ -43,6 +43,9 @@ struct EngineSequence {
   std::unique_ptr<StopChecker> checker;
   std::unique_ptr<IncrementalDetokenizer> detok;
   FinishReason replay_finish = FinishReason::kNone;  // the migrated tokens already ended it
+  // Arrived with completion tokens decoded elsewhere: their KV is rebuilt in the shapes they were
+  // decoded in (ReplaySlice).
+  bool migrated = false;
 
   absl::Time submitted;
   absl::Time deadline = absl::InfiniteFuture();

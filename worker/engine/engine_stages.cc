@@ -7,15 +7,37 @@
 
 namespace tandem {
 
-std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit) {
-  const int pending = static_cast<int>(tokens.size()) - kv_len;
-  if (pending <= 1 || pending <= chunk_limit) return std::nullopt;
-  const int n = std::min(chunk_limit, pending - 1);
+namespace {
+
+StepPlan Chunk(std::span<const int32_t> tokens, int kv_len, int n) {
   StepPlan plan;
   plan.tokens.assign(tokens.begin() + kv_len, tokens.begin() + kv_len + n);
   plan.positions.resize(n);
   for (int i = 0; i < n; ++i) plan.positions[i] = kv_len + i;
   return plan;
+}
+
+}  // namespace
+
+std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit) {
+  const int pending = static_cast<int>(tokens.size()) - kv_len;
+  if (pending <= 1 || pending <= chunk_limit) return std::nullopt;
+  return Chunk(tokens, kv_len, std::min(chunk_limit, pending - 1));
+}
+
+std::optional<StepPlan> ReplaySlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit,
+                                    int prompt_len, int exact_tokens) {
+  if (exact_tokens <= 0 || prompt_len >= static_cast<int>(tokens.size())) {
+    return PrefillSlice(tokens, kv_len, chunk_limit);
+  }
+  if (kv_len < prompt_len) {
+    if (std::optional<StepPlan> slice =
+            PrefillSlice(tokens.first(prompt_len), kv_len, chunk_limit)) {
+      return slice;
+    }
+    return Chunk(tokens, kv_len, prompt_len - kv_len);
+  }
+  return PrefillSlice(tokens, kv_len, std::min(chunk_limit, exact_tokens));
 }
 
 std::shared_ptr<EngineSequence> PickVictim(

@@ -30,6 +30,17 @@ struct EngineSequence;  // engine_impl.h
 // pending ≤ chunk_limit).
 std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit);
 
+// Plan: PrefillSlice for a sequence that arrived with completion tokens decoded elsewhere
+// (migration): tokens[prompt_len, end) were decoded one by one on another verifier. Their KV is
+// rebuilt in the shapes their first run gave it, so that it is the same bit for bit on a backend
+// whose extends of up to `exact_tokens` tokens are batch invariant (ModelBackend::
+// ExactExtendTokens): the prompt in PrefillSlice's chunks and then, as the mode's first step
+// took it, the rest of the prompt in one extend; the migrated tokens in extends of at most
+// `exact_tokens`, the last pending token left to the mode. With `exact_tokens` 0 or no migrated
+// tokens, PrefillSlice itself.
+std::optional<StepPlan> ReplaySlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit,
+                                    int prompt_len, int exact_tokens);
+
 // Reserve: the sequence to preempt so that `seq` gets KV: the newest in `running` (ordered
 // oldest first) that is neither `seq` nor in this step's batch; nullptr when there is none.
 std::shared_ptr<EngineSequence> PickVictim(

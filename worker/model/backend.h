@@ -32,6 +32,12 @@ class ModelBackend {
 
   // The model's LoRA adapter changed; the backend picks it up before its next forward.
   virtual void LoraChanged() = 0;
+
+  // The longest causal extend whose every token gets the KV and logits that one-token extends
+  // would give it, bit for bit (when its batch is that extend alone); 0 when the backend promises
+  // no such thing. The engine replays a migrated sequence's tokens in extends this long, so that
+  // their KV is the one its first verifier decoded them with.
+  virtual int ExactExtendTokens() const { return 0; }
 };
 
 }  // namespace tandem

@@ -9,6 +9,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/rows_gemm.h"
 #include "worker/sampling/sampling.h"
 
 namespace tandem {
@@ -86,6 +87,10 @@ CpuTransformer::CpuTransformer(const Transformer* model) : model_(model) {
   RopeTables rope = ComputeRope(model_->config());
   inv_freq_ = std::move(rope.inv_freq);
   rope_scaling_ = rope.attention_scaling;
+}
+
+int CpuTransformer::ExactExtendTokens() const {
+  return std::min(kernels::cpu::kAttentionDirectMaxTokens, kernels::cpu::kRowsMaxM);
 }
 
 absl::StatusOr<std::vector<ExtendOutput>> CpuTransformer::Forward(std::span<const Extend> batch,

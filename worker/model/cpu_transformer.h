@@ -31,6 +31,8 @@ class CpuTransformer final : public ModelBackend {
   bool OwnsStorage(const KvCache& kv) const override { return kv.host_storage() != nullptr; }
   // The forward reads the model's adapter each time.
   void LoraChanged() override {}
+  // Attention's direct path and the few-rows products (kernels/cpu) are batch invariant.
+  int ExactExtendTokens() const override;
 
  private:
   struct Layout;

@@ -60,6 +60,38 @@ TEST(PrefillSliceTest, SlicesOnlyWhatTheStepCannotTakeAndLeavesTheLastTokenToThe
   EXPECT_FALSE(PrefillSlice(tokens, 10, 1).has_value());
 }
 
+// Whole plans of ReplaySlice until the mode's step: the token counts of each extend.
+std::vector<int> ReplayShapes(std::span<const int32_t> tokens, int chunk_limit, int prompt_len,
+                              int exact_tokens) {
+  std::vector<int> shapes;
+  int kv_len = 0;
+  while (std::optional<StepPlan> slice =
+             ReplaySlice(tokens, kv_len, chunk_limit, prompt_len, exact_tokens)) {
+    EXPECT_EQ(slice->positions.front(), kv_len);
+    EXPECT_EQ(slice->tokens.front(), tokens[kv_len]);
+    shapes.push_back(static_cast<int>(slice->tokens.size()));
+    kv_len += shapes.back();
+  }
+  shapes.push_back(static_cast<int>(tokens.size()) - kv_len);  // the mode's step
+  return shapes;
+}
+
+TEST(ReplaySliceTest, RebuildsThePromptAsItsFirstRunAndTheMigratedTokensInExactExtends) {
+  std::vector<int32_t> tokens(30);
+  for (int i = 0; i < 30; ++i) tokens[i] = 100 + i;
+  // A 7-token prompt the first run extended in one step (its mode's), then 23 migrated tokens
+  // in extends of at most 4, the last ones (at most 4) left to the mode.
+  EXPECT_EQ(ReplayShapes(tokens, 64, 7, 4), (std::vector<int>{7, 4, 4, 4, 4, 4, 3}));
+  // A prompt longer than a chunk: chunks, then the rest of the prompt in one extend.
+  EXPECT_EQ(ReplayShapes(tokens, 8, 20, 4), (std::vector<int>{8, 8, 4, 4, 4, 2}));
+  // No exact extends (a backend without the promise) or no migrated tokens: PrefillSlice's.
+  EXPECT_EQ(ReplayShapes(tokens, 64, 7, 0), (std::vector<int>{30}));
+  EXPECT_EQ(ReplayShapes(tokens, 8, 30, 4), (std::vector<int>{8, 8, 8, 6}));
+  // Migrated tokens that fit one exact extend go to the mode with nothing sliced.
+  EXPECT_EQ(ReplayShapes(std::span<const int32_t>(tokens).first(10), 64, 7, 4),
+            (std::vector<int>{7, 3}));
+}
+
 TEST(PickVictimTest, TakesTheNewestSequenceOutsideTheBatchOtherThanTheOneReserving) {
   std::vector<std::shared_ptr<EngineSequence>> running;
   for (uint64_t id = 1; id <= 3; ++id) {

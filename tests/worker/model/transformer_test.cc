@@ -223,6 +223,37 @@ TEST_P(TransformerTest, BatchOfExtendsEqualsEachAlone) {
   }
 }
 
+// The promise the engine's replay of migrated tokens rests on (ModelBackend::ExactExtendTokens):
+// causal extends of up to that many tokens give every token the logits (and so the KV) that
+// one-token extends give it, bit for bit.
+TEST_P(TransformerTest, ExactExtendsEqualOneTokenExtendsBitForBit) {
+  const int exact = model_->backend()->ExactExtendTokens();
+  ASSERT_GE(exact, 2) << "the CPU backend promises exact short extends";
+  std::mt19937 rng(9);
+  const auto prompt = RandomTokens(9, rng);
+  const auto steps = RandomTokens(3 * exact, rng);
+  const int n = static_cast<int>(steps.size());
+  std::vector<std::vector<float>> one_by_one, in_extends;
+  for (SeqId seq : {SeqId{7}, SeqId{8}}) {
+    ASSERT_TRUE(kv_->AddSequence(seq).ok());
+    Run(seq, prompt, Iota(0, 9), Visibility::Causal());
+    ASSERT_TRUE(kv_->Commit(seq, Iota(0, 9)).ok());
+  }
+  for (int i = 0; i < n; ++i) {
+    const auto rows = Run(7, {steps[i]}, {9 + i}, Visibility::Causal());
+    ASSERT_TRUE(kv_->Commit(7, Iota(0, 1)).ok());
+    one_by_one.push_back(rows[0]);
+  }
+  for (int i = 0; i < n; i += exact) {
+    const std::vector<int32_t> chunk(steps.begin() + i, steps.begin() + i + exact);
+    const auto rows = Run(8, chunk, Iota(9 + i, exact), Visibility::Causal());
+    ASSERT_TRUE(kv_->Commit(8, Iota(0, exact)).ok());
+    in_extends.insert(in_extends.end(), rows.begin(), rows.end());
+  }
+  ASSERT_EQ(in_extends.size(), one_by_one.size());
+  for (int i = 0; i < n; ++i) EXPECT_EQ(in_extends[i], one_by_one[i]) << "token " << i;
+}
+
 TEST_P(TransformerTest, HiddenTapsReturnTheResidualStream) {
   std::mt19937 rng(6);
   const auto tokens = RandomTokens(4, rng);
