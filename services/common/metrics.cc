@@ -21,6 +21,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
+#include "worker/kv/kv_cache.h"
 
 namespace tandem {
 
@@ -156,7 +157,27 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
                     ->Add({});
   }
   if (verifier || drafter) {
-    kv_usage_ = &r.Gauges("tandem_kv_usage_ratio", "Used KV blocks / all KV blocks")->Add({});
+    kv_usage_ =
+        &r.Gauges("tandem_kv_usage_ratio",
+                  "KV blocks held by sequences / all KV blocks (idle cached blocks are free)")
+             ->Add({});
+    prefix_lookups_ = &r.Counters("tandem_prefix_cache_lookups_total",
+                                  "Sequences that looked for a cached prefix of their tokens")
+                           ->Add({});
+    prefix_lookup_tokens_ =
+        &r.Counters("tandem_prefix_cache_lookup_tokens_total",
+                    "Tokens those lookups could have taken from the cache (whole blocks)")
+             ->Add({});
+    prefix_hit_tokens_ = &r.Counters("tandem_prefix_cache_hit_tokens_total",
+                                     "Tokens taken from the prefix cache: prefill saved")
+                              ->Add({});
+    prefix_evictions_ = &r.Counters("tandem_prefix_cache_evictions_total",
+                                    "Idle cached KV blocks reused for other tokens")
+                             ->Add({});
+    auto& blocks = *r.Gauges("tandem_prefix_cache_blocks",
+                             "Cached KV blocks: in_use (held by sequences) or idle (evictable)");
+    prefix_blocks_in_use_ = &blocks.Add({{"state", "in_use"}});
+    prefix_blocks_idle_ = &blocks.Add({{"state", "idle"}});
     hidden_transport_streams_ =
         r.Counters("tandem_hidden_transport_streams_total",
                    "Draft streams whose hidden-state transport settled (bytes, nccl, failed)");
@@ -315,6 +336,21 @@ void ServiceMetrics::SetRunningSequences(int64_t sequences) {
 
 void ServiceMetrics::SetKvUsageRatio(double ratio) {
   if (kv_usage_ != nullptr) kv_usage_->Set(ratio);
+}
+
+void ServiceMetrics::SetPrefixCache(const PrefixCacheStats& stats) {
+  if (prefix_lookups_ == nullptr) return;
+  const int64_t now[4] = {stats.lookups, stats.lookup_tokens, stats.hit_tokens, stats.evictions};
+  prometheus::Counter* counters[4] = {prefix_lookups_, prefix_lookup_tokens_, prefix_hit_tokens_,
+                                      prefix_evictions_};
+  for (int i = 0; i < 4; ++i) {
+    if (now[i] > prefix_counted_[i]) {
+      counters[i]->Increment(static_cast<double>(now[i] - prefix_counted_[i]));
+      prefix_counted_[i] = now[i];
+    }
+  }
+  prefix_blocks_in_use_->Set(stats.cached_blocks - stats.idle_blocks);
+  prefix_blocks_idle_->Set(stats.idle_blocks);
 }
 
 void ServiceMetrics::ObserveStep(double seconds, int batch_tokens) {

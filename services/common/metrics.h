@@ -36,6 +36,8 @@ class Family;
 
 namespace tandem {
 
+struct PrefixCacheStats;  // worker/kv/kv_cache.h
+
 struct MetricsFlags {
   std::string listen;  // host:port of /metrics; "" = no metrics endpoint; port 0 = OS's choice
 };
@@ -87,6 +89,9 @@ class ServiceMetrics {
 
   // Engines (verifier, drafter).
   void SetKvUsageRatio(double ratio);
+  // The KV cache's prefix-cache counters (cumulative: the counters advance by what is new since
+  // the last call) and blocks. From the scrape hook only (scrapes run one at a time).
+  void SetPrefixCache(const PrefixCacheStats& stats);
   void ObserveStep(double seconds, int batch_tokens);
 
   // Verifier.
@@ -129,6 +134,14 @@ class ServiceMetrics {
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* running_ = nullptr;
   prometheus::Gauge* kv_usage_ = nullptr;
+  prometheus::Counter* prefix_lookups_ = nullptr;
+  prometheus::Counter* prefix_lookup_tokens_ = nullptr;
+  prometheus::Counter* prefix_hit_tokens_ = nullptr;
+  prometheus::Counter* prefix_evictions_ = nullptr;
+  prometheus::Gauge* prefix_blocks_in_use_ = nullptr;
+  prometheus::Gauge* prefix_blocks_idle_ = nullptr;
+  // What SetPrefixCache has counted so far: lookups, lookup tokens, hit tokens, evictions.
+  int64_t prefix_counted_[4] = {0, 0, 0, 0};
   prometheus::Counter* preemptions_ = nullptr;
   prometheus::Histogram* step_duration_ = nullptr;
   prometheus::Histogram* batch_tokens_ = nullptr;

@@ -110,6 +110,7 @@ int Run(const std::string& model_dir, const std::string& target_dir,
         const tandem::DraftEngineStats stats = engine->Stats();
         m.SetDrafterSessions(stats.sessions);
         m.SetKvUsageRatio(stats.kv_usage_ratio);
+        m.SetPrefixCache(stats.prefix_cache);
         m.AddDrafterForwards(stats.forwards - counted);
         counted = stats.forwards;
       });
@@ -221,6 +222,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch-tokens", engine_options.max_batch_tokens,
                  "Token budget of one batched forward")
       ->envname("TANDEM_DRAFTER_MAX_BATCH_TOKENS")
+      ->capture_default_str();
+  app.add_option("--prefix-cache", engine_options.prefix_cache,
+                 "keep the KV of full blocks of session tokens for later sessions that begin "
+                 "with the same tokens (on|off)")
+      ->envname("TANDEM_DRAFTER_PREFIX_CACHE")
       ->capture_default_str();
   app.add_option("--hidden-layers", engine_options.hidden_layers,
                  "Target layers (comma-separated, e.g. 1,3) whose hidden states verifiers send "

@@ -425,7 +425,8 @@ void Collect(const v1::GenerateResponse& message, Collected* collected) {
 json UsageJson(const v1::Usage& usage) {
   return json{{"prompt_tokens", usage.prompt_tokens()},
               {"completion_tokens", usage.completion_tokens()},
-              {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}};
+              {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()},
+              {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens()}}}};
 }
 
 json FinalResponse(Api api, const ResponseMeta& meta, const Collected& collected) {

@@ -43,6 +43,7 @@ struct Flags {
   int draft_timeout_ms = 50;
   int spec_gamma = 4;
   bool adaptive_gamma = true;
+  bool prefix_cache = true;
   tandem::HiddenTransportMode hidden_transport = tandem::HiddenTransportMode::kAuto;
   double calibration_seconds = 2;
   int threads = 0;
@@ -107,6 +108,7 @@ int Run(Flags flags) {
   options.default_drafter = flags.drafter;
   options.draft_timeout = absl::Milliseconds(flags.draft_timeout_ms);
   options.adaptive_gamma = flags.adaptive_gamma;
+  options.prefix_cache = flags.prefix_cache;
   // A named object, not a temporary: GCC 12 at -O3 warns (as an error) that the temporary's
   // std::function member may be destroyed uninitialised.
   tandem::DraftHiddenTransportOptions transport_options;
@@ -159,6 +161,7 @@ int Run(Flags flags) {
     m.SetQueueDepth(load.queued);
     m.SetRunningSequences(load.running);
     m.SetKvUsageRatio(load.kv_usage_ratio);
+    m.SetPrefixCache(load.prefix_cache);
   });
   // The hook reads the engine: off before it goes.
   absl::Cleanup hook_off = [&metrics] { metrics.SetScrapeHook(nullptr); };
@@ -300,6 +303,11 @@ int main(int argc, char** argv) {
                  "choose each spec step's draft tokens from the live batch, up to the request's "
                  "(a request that names spec_gamma always gets it)")
       ->envname("TANDEM_VERIFIER_ADAPTIVE_GAMMA")
+      ->capture_default_str();
+  app.add_option("--prefix-cache", flags.prefix_cache,
+                 "keep the KV of full blocks of committed tokens for later requests that begin "
+                 "with the same tokens (on|off)")
+      ->envname("TANDEM_VERIFIER_PREFIX_CACHE")
       ->capture_default_str();
   tandem::AddHiddenTransportFlag(app, &flags.hidden_transport, "TANDEM_VERIFIER");
   app.add_option("--calibration-seconds", flags.calibration_seconds,

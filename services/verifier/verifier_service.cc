@@ -37,6 +37,7 @@ v1::GenerateResponse ToResponse(const SequenceEvent& event) {
     out->set_draft_tokens(usage.drafted);
     out->set_accepted_tokens(usage.accepted);
     out->set_preemptions(usage.preemptions);
+    out->set_cached_tokens(usage.cached_tokens);
     v1::Timings* timings = response.mutable_timings();
     timings->set_queue_seconds(usage.queue_seconds);
     timings->set_time_to_first_token_seconds(usage.ttft_seconds);

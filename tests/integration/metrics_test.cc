@@ -174,6 +174,18 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
       ASSERT_FALSE(result.tokens.empty());
     }
   }
+  // A prompt of several KV blocks, twice: the second request takes the first's blocks from the
+  // verifier's prefix cache, and says so in its usage.
+  std::string long_prompt;
+  for (int i = 0; i < 8; ++i)
+    long_prompt += "    total = total + values[" + std::to_string(i) + "]\n";
+  int cached_tokens = 0;
+  for (int i = 0; i < 2; ++i) {
+    StreamResult result = Generate((*cluster)->generation(), Greedy(long_prompt, "ar"));
+    ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+    cached_tokens = result.last.usage().cached_tokens();
+  }
+  EXPECT_GE(cached_tokens, 32);
   // "auto": the router's mode policy picks the mode from the verifier's calibrated cost model.
   StreamResult automatic = Generate((*cluster)->generation(), Greedy("def main():", "auto"));
   ASSERT_TRUE(automatic.status.ok()) << automatic.status.error_message();
@@ -242,8 +254,8 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
   for (const std::string service : {"router", "verifier"}) {
     const Scrape& scrape = scrapes[service];
     for (const std::string mode : {"ar", "spec"}) {
-      // The auto request counts under the mode that served it.
-      const int requests = mode == chosen ? 3 : 2;
+      // The auto request counts under the mode that served it; two more ar ones shared a prefix.
+      const int requests = (mode == chosen ? 3 : 2) + (mode == "ar" ? 2 : 0);
       EXPECT_EQ(Sum(scrape, "tandem_requests_total", {{"mode", mode}, {"status", "OK"}}), requests)
           << service << " " << mode;
       EXPECT_EQ(Sum(scrape, "tandem_time_to_first_token_seconds_count", {{"mode", mode}}), requests)
@@ -267,6 +279,10 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
   EXPECT_EQ(Sum(verifier, "tandem_tokens_per_forward_count", {{"mode", "spec"}}),
             chosen == "spec" ? 3 : 2);
   EXPECT_GT(Sum(verifier, "tandem_step_duration_seconds_count", {}), 0);
+  EXPECT_GE(Sum(verifier, "tandem_prefix_cache_hit_tokens_total", {}), cached_tokens);
+  EXPECT_GE(Sum(verifier, "tandem_prefix_cache_lookup_tokens_total", {}),
+            Sum(verifier, "tandem_prefix_cache_hit_tokens_total", {}));
+  EXPECT_GT(Sum(verifier, "tandem_prefix_cache_blocks", {}), 0);
   // Each spec step either verified drafts or fell back to AR.
   EXPECT_GT(Sum(verifier, "tandem_drafts_total", {{"mode", "spec"}}) +
                 Sum(verifier, "tandem_drafter_fallbacks_total", {}),

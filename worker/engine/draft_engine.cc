@@ -14,6 +14,23 @@
 
 namespace tandem {
 
+namespace {
+
+// One drafter model per cache, and only causal KV of the sessions' tokens: the tokens alone
+// decide the KV.
+constexpr uint64_t kPrefixSalt = 0;
+
+KvCacheOptions DraftKvOptions(const Transformer& model, const DraftEngineOptions& options) {
+  // The DFlash path keeps no autoregressive KV: a one-block cache stands in.
+  const bool dflash = options.dflash != nullptr;
+  KvCacheOptions kv =
+      model.KvOptions(dflash ? options.kv_block_size : options.kv_tokens, options.kv_block_size);
+  kv.prefix_cache = options.prefix_cache && !dflash;
+  return kv;
+}
+
+}  // namespace
+
 struct DraftEngine::Message {
   enum class Kind { kAddStream, kRemoveStream, kOpen, kAdvance, kClose, kReject };
   Kind kind = Kind::kOpen;
@@ -67,9 +84,7 @@ class DraftEngine::Loop {
       : model_(model),
         published_(published),
         options_(options),
-        // The DFlash path keeps no AR KV: a one-block cache stands in.
-        kv_(model->KvOptions(options.dflash != nullptr ? options.kv_block_size : options.kv_tokens,
-                             options.kv_block_size)),
+        kv_(DraftKvOptions(*model, options)),
         vocab_(model->config().vocab_size) {
     const int context = model->config().max_position_embeddings;
     max_len_ = static_cast<int>(std::min<int64_t>(
@@ -122,6 +137,7 @@ class DraftEngine::Loop {
     s.streams = static_cast<int>(sinks_.size());
     s.kv_usage_ratio = kv_.UsageRatio();
     s.kv_free_tokens = kv_.FreeTokenCapacity();
+    s.prefix_cache = kv_.prefix_stats();
     return s;
   }
 
@@ -452,17 +468,30 @@ class DraftEngine::Loop {
     if (agree < n) {
       s.tokens.resize(keep);
       s.tokens.insert(s.tokens.end(), append.begin() + agree, append.end());
-      if (s.cached > keep) {
-        // Cannot fail: the sequence exists and keep < its committed length.
-        (void)kv_.Truncate(s.seq, keep);
-        s.cached = keep;
-      }
+      if (s.cached > keep) TruncateKv(s, keep);
       s.evicted_cached = std::min(s.evicted_cached, keep);
     }
     s.final_len = old_final + n;
     stats_.reused_tokens += std::max(0, std::min(s.cached, s.final_len) - old_final);
     s.sent_end = -1;
     MaybeEmit(s);
+  }
+
+  // Rolls the session's KV back to `length` tokens; when the pool has no block for the copy of
+  // a shared block that needs (KvCache::Truncate), drops its KV instead (recomputed later).
+  void TruncateKv(Session& s, int length) {
+    if (kv_.Truncate(s.seq, length).ok()) {
+      s.cached = length;
+      return;
+    }
+    DropKv(s);
+  }
+
+  void DropKv(Session& s) {
+    kv_.RemoveSequence(s.seq);
+    s.resident = false;
+    s.evicted_cached = std::max(s.evicted_cached, s.cached);
+    s.cached = 0;
   }
 
   // Drops the KV of the least useful resident session outside the batch: first those whose
@@ -477,10 +506,7 @@ class DraftEngine::Loop {
       }
     }
     if (victim == nullptr) return false;
-    kv_.RemoveSequence(victim->seq);
-    victim->resident = false;
-    victim->evicted_cached = std::max(victim->evicted_cached, victim->cached);
-    victim->cached = 0;
+    DropKv(*victim);
     ++stats_.evictions;
     return true;
   }
@@ -643,17 +669,19 @@ std::vector<DraftEngine::Loop::ArPlanned> DraftEngine::Loop::PlanAr(
   int budget = options_.max_batch_tokens;
   for (Session* s : candidates) {
     if (budget <= 0) break;
+    const int size = static_cast<int>(s->tokens.size());
+    if (s->resident && s->cached >= size) {
+      // The logits after the last token come from feeding it: give it back.
+      TruncateKv(*s, size - 1);
+    }
     if (!s->resident) {
       s->seq = next_seq_++;
       (void)kv_.AddSequence(s->seq);  // ids are fresh
       s->resident = true;
-      s->cached = 0;
-    }
-    const int size = static_cast<int>(s->tokens.size());
-    if (s->cached >= size) {
-      // The logits after the last token come from feeding it: give it back.
-      (void)kv_.Truncate(s->seq, size - 1);
-      s->cached = size - 1;
+      // Another session's KV of the same tokens, or its own from before an eviction; the last
+      // token is always fed (its logits are the next draft).
+      s->cached = kv_.AttachPrefix(s->seq, std::span<const int32_t>(s->tokens).first(size - 1),
+                                   kPrefixSalt);
     }
     const int n = std::min(size - s->cached, budget);
     bool room = kv_.Reserve(s->seq, n).has_value();
@@ -684,6 +712,7 @@ void DraftEngine::Loop::CommitAr(const std::vector<ArPlanned>& planned,
     for (int j = 0; j < p.n; ++j) keep[j] = j;
     // Cannot fail: the indices are the reserved ones, in order.
     (void)kv_.Commit(s.seq, keep);
+    kv_.PublishPrefix(s.seq, s.tokens, kPrefixSalt);
     stats_.fed_tokens += p.n;
     stats_.recomputed_tokens += std::max(0, std::min(s.cached + p.n, s.evicted_cached) - s.cached);
     s.cached += p.n;

@@ -85,6 +85,9 @@ struct DraftEngineOptions {
   // A DFlash drafter loaded for `model` (see above); Create sets hidden_layers from it. Not
   // owned; must outlive the engine.
   const DFlashModel* dflash = nullptr;
+  // Prefix caching of the autoregressive path's KV (worker/kv/kv_cache.h): a session that
+  // needs KV takes the longest cached prefix of its tokens, another session's included.
+  bool prefix_cache = true;
 };
 
 // A snapshot of the engine's counters.
@@ -102,6 +105,7 @@ struct DraftEngineStats {
   int64_t hidden_rows = 0;        // token rows of target hidden states received (all sessions)
   double kv_usage_ratio = 0;
   int64_t kv_free_tokens = 0;
+  PrefixCacheStats prefix_cache;
   double step_seconds_ewma = 0;
   double batch_tokens_ewma = 0;
 };

@@ -300,6 +300,7 @@ bool Engine::Impl::ModePlansNext(const EngineSequence& seq) const {
 }
 
 void Engine::Impl::Preempt(const SeqPtr& seq) {
+  PublishKv(*seq);  // its blocks stay cached while the pool allows: a re-admission hit
   kv_.RemoveSequence(static_cast<SeqId>(seq->id));
   seq->resident = false;
   seq->kv_len = 0;
@@ -360,7 +361,38 @@ Engine::Impl::StepBatch Engine::Impl::PlanStep(const std::vector<SeqPtr>& candid
 
 // The sequence's extend for this step: an engine prefill slice, or the mode's plan. nullopt
 // when the sequence ended instead (a plan past every bound).
+KvCacheOptions KvOptions(const Transformer& model, const EngineOptions& options) {
+  KvCacheOptions kv = model.KvOptions(options.kv_tokens, options.kv_block_size);
+  kv.prefix_cache = options.prefix_cache;
+  return kv;
+}
+
+// The cache is the engine's own, for one model, and only KV that a causal forward of the
+// committed tokens gives is committed (the step contract), with the adapter gate off, which no
+// adapter changes: the tokens alone decide the KV, so the salt is constant.
+constexpr uint64_t kPrefixSalt = 0;
+
+void Engine::Impl::AttachCachedPrefix(EngineSequence& s) {
+  // A migrated sequence's KV must be its first run's bit for bit where the backend can replay
+  // it so (ReplaySlice).
+  if (s.migrated && model_->model->backend()->ExactExtendTokens() > 0) return;
+  // At least one pending token is left for the first step.
+  int limit = static_cast<int>(s.tokens.size()) - 1;
+  // A drafter that reads the target's hidden states gets them from the forwards that make KV
+  // final: it must have had those of every token taken from the cache.
+  if (s.spec && !s.hidden_layers.empty()) limit = std::min(limit, s.hidden_sent);
+  if (limit < options_.kv_block_size) return;
+  s.kv_len = kv_.AttachPrefix(static_cast<SeqId>(s.id),
+                              std::span<const int32_t>(s.tokens).first(limit), kPrefixSalt);
+  if (s.usage.preemptions == 0) s.usage.cached_tokens = s.kv_len;
+}
+
+void Engine::Impl::PublishKv(const EngineSequence& s) {
+  if (options_.prefix_cache) kv_.PublishPrefix(static_cast<SeqId>(s.id), s.tokens, kPrefixSalt);
+}
+
 std::optional<Engine::Impl::Planned> Engine::Impl::PlanSequence(const SeqPtr& seq, int room) {
+  if (seq->kv_len == 0 && options_.prefix_cache) AttachCachedPrefix(*seq);
   Planned p;
   p.seq = seq;
   p.state = StateOf(*seq);
@@ -467,6 +499,7 @@ void Engine::Impl::CommitPrefill(Planned& p, const ExtendOutput& out) {
   }
   const int kv_before = s.kv_len;
   s.kv_len += static_cast<int>(keep.size());
+  PublishKv(s);
   HiddenRows rows = FinalHidden(s, p, out, keep, kv_before);
   if (!rows.empty() && s.session_open && s.chain.enabled) {
     absl::Status advanced =
@@ -505,6 +538,7 @@ std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, Ext
   }
   const int kv_before = s.kv_len;
   s.kv_len += static_cast<int>(result->keep.size());
+  PublishKv(s);  // the blocks its tokens fill so far; Finish and Preempt publish the rest
   HiddenRows rows = FinalHidden(s, p, out, result->keep, kv_before);
   s.usage.drafted += result->drafted;
   s.usage.accepted += result->accepted;
@@ -601,6 +635,7 @@ void Engine::Impl::Finish(const SeqPtr& seq, FinishReason reason, absl::Status e
     text += s.detok->Flush();
   }
   if (s.resident) {
+    if (error.ok()) PublishKv(s);  // its whole history, for a conversation's next turn
     kv_.RemoveSequence(static_cast<SeqId>(s.id));
     running_.erase(std::find(running_.begin(), running_.end(), seq));
     s.resident = false;
@@ -642,6 +677,7 @@ void Engine::Impl::PublishLoad() {
   load.step_seconds_ewma = step_seconds_ewma_;
   load.batch_tokens_ewma = batch_tokens_ewma_;
   load.preemptions = preemptions_;
+  load.prefix_cache = kv_.prefix_stats();
   load.cost = cost_;
   board_.Publish(load);
 }

@@ -24,6 +24,7 @@
 #include "worker/engine/draft_channel.h"
 #include "worker/engine/engine_observer.h"
 #include "worker/engine/local_generator.h"
+#include "worker/kv/kv_cache.h"
 #include "worker/sampling/sampling.h"
 #include "worker/sampling/stop.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -54,6 +55,10 @@ struct EngineOptions {
   // batch and the measured step-time curve (gamma_choice.h), up to their requested γ; false =
   // always the requested γ.
   bool adaptive_gamma = true;
+  // Prefix caching: the committed KV of full blocks is kept, indexed by its token prefix, for
+  // later sequences that begin with the same tokens (worker/kv/kv_cache.h); idle cached blocks
+  // are evicted least recently used first when the pool needs them.
+  bool prefix_cache = true;
   // Told about steps, drafts, fallbacks and preemptions on the engine thread (metrics); not
   // owned, may be null, must outlive the engine.
   EngineObserver* observer = nullptr;
@@ -87,6 +92,7 @@ struct SequenceUsage {
   int drafted = 0;
   int accepted = 0;
   int preemptions = 0;
+  int cached_tokens = 0;     // prompt tokens whose KV came from the prefix cache (first admission)
   double queue_seconds = 0;  // submit -> first scheduled
   double ttft_seconds = 0;   // submit -> first token
   double total_seconds = 0;  // submit -> finish
@@ -122,6 +128,7 @@ struct EngineLoad {
   double step_seconds_ewma = 0;
   double batch_tokens_ewma = 0;
   int64_t preemptions = 0;
+  PrefixCacheStats prefix_cache;
   bool draining = false;
   // How long the engine thread has had work (resident or queued sequences) without coming
   // round its step loop: 0 while it moves or is idle. A step loop stuck for seconds (a runaway

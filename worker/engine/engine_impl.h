@@ -86,6 +86,9 @@ struct EngineSequence {
   int budget() const { return max_new - generated; }
 };
 
+// The engine's KV cache options: the model's layout, the engine's size, prefix caching.
+KvCacheOptions KvOptions(const Transformer& model, const EngineOptions& options);
+
 class Engine::Impl {
  public:
   Impl(LoadedModel* model, EngineOptions options, DraftChannelFactory drafters, int context)
@@ -94,7 +97,7 @@ class Engine::Impl {
         drafters_(std::move(drafters)),
         context_(context),
         mailbox_(std::make_shared<EngineMailbox>()),
-        kv_(model->model->KvOptions(options_.kv_tokens, options_.kv_block_size)) {
+        kv_(KvOptions(*model->model, options_)) {
     const Tokenizer& tokenizer = *model_->tokenizer;
     stop_tokens_ = model_->model->config().eos_token_ids;
     for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
@@ -183,6 +186,10 @@ class Engine::Impl {
               std::vector<int32_t> tokens = {}, std::string text = {});
   void DisableDrafting(EngineSequence& seq, absl::Status why);
   void PlanHiddenTaps(Planned& p) const;
+  // Prefix caching (EngineOptions::prefix_cache): a sequence with no KV takes the longest
+  // cached prefix of its tokens; committed KV is published for others.
+  void AttachCachedPrefix(EngineSequence& s);
+  void PublishKv(const EngineSequence& s);
   HiddenRows FinalHidden(EngineSequence& s, const Planned& p, const ExtendOutput& out,
                          std::span<const int32_t> keep, int kv_before);
   DecodeState StateOf(const EngineSequence& seq) const;

@@ -11,11 +11,20 @@
 // pools with the same block indices) through KvCacheOptions::make_storage. Commit describes its
 // row moves to the storage (KvStorage::Commit); Truncate, Reserve and frees move no rows.
 //
+// Prefix caching (KvCacheOptions::prefix_cache): full blocks of committed tokens are indexed by
+// a hash of their whole token prefix (PublishPrefix), and a new sequence takes the longest
+// indexed run its tokens begin with by reference (AttachPrefix) instead of computing it. Blocks
+// are reference counted; a block no sequence holds stays indexed, idle, until the pool needs
+// it, and then the least recently released goes first. A shared block is never written: only
+// full committed blocks are shared, writes go to slots past the committed ones, and a Truncate
+// into a shared block first gives the sequence its own copy (KvStorage::CopyBlock).
+//
 // Not thread-safe: owned by one worker actor.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -42,6 +51,17 @@ struct KvCacheOptions {
   int block_size = 16;     // tokens per block
   int32_t num_blocks = 0;  // blocks per layer pool
   KvStorageFactory make_storage;
+  bool prefix_cache = false;  // AttachPrefix / PublishPrefix do something
+};
+
+// Counters of the prefix cache since the KvCache was made, and its blocks now.
+struct PrefixCacheStats {
+  int64_t lookups = 0;        // AttachPrefix calls
+  int64_t lookup_tokens = 0;  // tokens those calls could have taken (whole blocks)
+  int64_t hit_tokens = 0;     // tokens they took
+  int64_t evictions = 0;      // idle indexed blocks handed out for other uses
+  int32_t cached_blocks = 0;  // indexed blocks, held or idle
+  int32_t idle_blocks = 0;    // indexed blocks no sequence holds
 };
 
 // Where a KvCache's K/V rows live: per layer, K and V pools of num_blocks * block_size rows of
@@ -62,6 +82,10 @@ class KvStorage {
   // Bytes of one K (or V) row element.
   virtual size_t ElementBytes() const = 0;
 
+  // Copies every layer's K and V rows of block `from` to block `to` (a copy-on-write of a
+  // shared block). Ordered with Commit's moves: a commit queued before applies first.
+  virtual void CopyBlock(int32_t from, int32_t to) = 0;
+
   // Fills every row of every pool with pseudo-random values uniform on [-half_width,
   // half_width], a function of `seed` alone. For benchmarks that give sequences long contexts
   // without computing them (Reserve + Commit): attention must not be timed over zeros.
@@ -76,6 +100,7 @@ class HostKvStorage final : public KvStorage {
 
   void Commit(SeqId seq, std::span<const int32_t> blocks, int committed,
               std::span<const int32_t> keep) override;
+  void CopyBlock(int32_t from, int32_t to) override;
   size_t ElementBytes() const override { return sizeof(float); }
   absl::Status Randomize(uint64_t seed, float half_width) override;
 
@@ -108,7 +133,21 @@ class KvCache {
   absl::Status Commit(SeqId seq, std::span<const int32_t> keep);
 
   // Drops committed tokens past `length` (rollback, preemption with partial recompute).
+  // ResourceExhausted, changing nothing, when `length` ends inside a shared block and the pool
+  // has no block for the sequence's own copy.
   absl::Status Truncate(SeqId seq, int length);
+
+  // Prefix caching; both do nothing unless options().prefix_cache. `salt` stands for whatever
+  // besides the tokens makes KV differ (blocks publish and match only under the same salt).
+  //
+  // A sequence with nothing in the cache yet takes the indexed blocks that hold the longest
+  // prefix of `tokens` in whole blocks; they become its committed tokens. Returns how many.
+  int AttachPrefix(SeqId seq, std::span<const int32_t> tokens, uint64_t salt);
+  // Indexes the sequence's full committed blocks not indexed yet; `tokens` are its tokens, at
+  // least its committed ones. The caller publishes only KV that a causal forward of exactly
+  // those tokens gives. A block whose prefix is indexed already stays the sequence's own.
+  void PublishPrefix(SeqId seq, std::span<const int32_t> tokens, uint64_t salt);
+  PrefixCacheStats prefix_stats() const;
 
   int CommittedLength(SeqId seq) const;
   int TentativeLength(SeqId seq) const;
@@ -133,7 +172,8 @@ class KvCache {
   float* ValueRow(SeqId seq, int layer, int slot);
 
   int32_t num_blocks() const { return allocator_.num_blocks(); }
-  int32_t free_blocks() const { return allocator_.num_free(); }
+  // Blocks a sequence can get: never allocated ones and idle indexed ones.
+  int32_t free_blocks() const { return allocator_.num_free() + static_cast<int32_t>(idle_.size()); }
   double UsageRatio() const;
   // Tokens a new sequence could still hold.
   int64_t FreeTokenCapacity() const;
@@ -144,9 +184,26 @@ class KvCache {
     int committed = 0;
     int tentative = 0;
     std::vector<int32_t> blocks;
+    // Prefix hashes of the leading blocks published or attached (blocks.size() at most).
+    std::vector<uint64_t> prefix_hashes;
   };
+  // A block's prefix-cache state.
+  struct BlockState {
+    int32_t refs = 0;  // sequences holding it
+    bool indexed = false;
+    uint64_t hash = 0;                  // of the whole prefix up to and including this block
+    std::vector<int32_t> tokens;        // this block's tokens, checked on a hash match
+    std::list<int32_t>::iterator idle;  // position in idle_ when indexed and refs == 0
+  };
+
   size_t RowOffset(const Sequence& s, int slot) const;
   void ShrinkTo(Sequence& s, int tokens);
+  // A block for one sequence (refs 1): a never allocated one, else the longest idle indexed one
+  // (evicted); nullopt when there is none.
+  std::optional<int32_t> TakeBlock();
+  // The holder of `block` lets it go: idle when indexed and nobody else holds it, else free.
+  void DropBlock(int32_t block);
+  void Unindex(int32_t block);
 
   KvCacheOptions options_;
   size_t row_floats_;  // num_kv_heads * head_dim
@@ -154,6 +211,10 @@ class KvCache {
   std::unique_ptr<KvStorage> storage_;
   HostKvStorage* host_ = nullptr;  // storage_ when it is the host pools
   std::unordered_map<SeqId, Sequence> sequences_;
+  std::vector<BlockState> block_state_;
+  std::unordered_map<uint64_t, int32_t> index_;  // prefix hash -> block
+  std::list<int32_t> idle_;                      // idle indexed blocks, least recent first
+  PrefixCacheStats stats_;
 };
 
 }  // namespace tandem

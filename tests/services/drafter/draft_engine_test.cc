@@ -179,6 +179,45 @@ TEST_F(DraftEngineTest, EvictionUnderATinyCacheKeepsChainsExact) {
   EXPECT_GT(engine_->Stats().recomputed_tokens, 0);
 }
 
+TEST_F(DraftEngineTest, SessionsThatBeginAlikeShareTheirKvAndRollBackExactly) {
+  Start({.kv_tokens = 4096, .kv_block_size = 16});
+  const int gamma = 4;
+  const std::vector<int32_t> prompt = TestPrompts(64, 1, 41)[0];
+  ASSERT_GE(prompt.size(), 8u);
+  std::vector<int32_t> a;
+  while (a.size() < 40) a.insert(a.end(), prompt.begin(), prompt.end());
+  a.resize(40);
+  engine_->Open(stream_, 1, a, gamma);
+  auto chain_a = chains_.WaitCovered(1, 40, 2 * gamma + 1);
+  ASSERT_TRUE(chain_a.has_value());
+  // The first session's KV now covers its 40 tokens and 8 drafts: three whole blocks.
+  // A second session that begins with those 48 tokens takes them from the cache.
+  const DraftEngineStats before = engine_->Stats();
+  std::vector<int32_t> b = Concat(a, {chain_a->begin(), chain_a->begin() + 8});
+  b.insert(b.end(), {3, 1, 4, 1, 5});
+  engine_->Open(stream_, 2, b, gamma);
+  auto chain_b = chains_.WaitCovered(2, static_cast<int>(b.size()), 2 * gamma + 1);
+  ASSERT_TRUE(chain_b.has_value());
+  EXPECT_EQ(*chain_b, Greedy(*model_, b, 2 * gamma + 1));
+  const DraftEngineStats after = engine_->Stats();
+  EXPECT_EQ(after.prefix_cache.hit_tokens - before.prefix_cache.hit_tokens, 48);
+  EXPECT_EQ(after.fed_tokens - before.fed_tokens, static_cast<int64_t>(b.size()) - 48 + 2 * gamma);
+  // The first session rejects its second draft: its KV rolls back into the block the second
+  // session shares, which it must copy, not write; both go on exactly.
+  const std::vector<int32_t> append = {(*chain_a)[0], ((*chain_a)[1] + 1) % 64};
+  engine_->Advance(stream_, 1, 40, append, 0);
+  const std::vector<int32_t> now = Concat(a, append);
+  auto next_a = chains_.WaitCovered(1, static_cast<int>(now.size()), 2 * gamma + 1);
+  ASSERT_TRUE(next_a.has_value());
+  EXPECT_EQ(*next_a, Greedy(*model_, now, 2 * gamma + 1));
+  const std::vector<int32_t> more = {(*chain_b)[0], ((*chain_b)[1] + 1) % 64};
+  engine_->Advance(stream_, 2, static_cast<int>(b.size()), more, 0);
+  const std::vector<int32_t> now_b = Concat(b, more);
+  auto next_b = chains_.WaitCovered(2, static_cast<int>(now_b.size()), 2 * gamma + 1);
+  ASSERT_TRUE(next_b.has_value());
+  EXPECT_EQ(*next_b, Greedy(*model_, now_b, 2 * gamma + 1));
+}
+
 TEST_F(DraftEngineTest, ContextEndStopsTheChain) {
   Start({.kv_tokens = 32}, /*max_positions=*/32);
   std::vector<int32_t> prompt(30);

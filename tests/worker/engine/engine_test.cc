@@ -22,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/engine/collecting_sink.h"
 #include "tests/worker/engine/test_draft_channel.h"
 #include "worker/decoding/runner.h"
 #include "worker/decoding/spec.h"
@@ -29,6 +30,7 @@
 namespace tandem {
 namespace {
 
+using testing::CollectingSink;
 using testing::InProcessDraftChannel;
 
 const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
@@ -36,92 +38,6 @@ constexpr int kNewTokens = 24;
 constexpr int kPrompts = 8;
 constexpr int kGamma = 3;
 constexpr char kDrafter[] = "in-process";
-
-// Collects one request's events; the test thread waits for the last one.
-class CollectingSink : public SequenceSink {
- public:
-  void OnEvent(SequenceEvent event) override {
-    absl::MutexLock lock(&mu_);
-    ++events_;
-    if (!event.error.ok()) ++errors_;
-    tokens_.insert(tokens_.end(), event.tokens.begin(), event.tokens.end());
-    text_ += event.text;
-    if (done_) ++after_done_;
-    if (event.finish != FinishReason::kNone || !event.error.ok()) {
-      done_ = true;
-      finish_ = event.finish;
-      error_ = event.error;
-      usage_ = event.usage;
-      mode_ = event.mode;
-    }
-  }
-  bool Backlogged() const override {
-    absl::MutexLock lock(&mu_);
-    return backlogged_;
-  }
-
-  void SetBacklogged(bool b) {
-    absl::MutexLock lock(&mu_);
-    backlogged_ = b;
-  }
-  // Waits for the last event (at most 60 s); false on timeout.
-  bool Wait() {
-    absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(60));
-  }
-  bool WaitForTokens(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tokens_.size() >= n || done_; };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(60));
-  }
-
-  std::vector<int32_t> tokens() const {
-    absl::MutexLock lock(&mu_);
-    return tokens_;
-  }
-  std::string text() const {
-    absl::MutexLock lock(&mu_);
-    return text_;
-  }
-  FinishReason finish() const {
-    absl::MutexLock lock(&mu_);
-    return finish_;
-  }
-  absl::Status error() const {
-    absl::MutexLock lock(&mu_);
-    return error_;
-  }
-  SequenceUsage usage() const {
-    absl::MutexLock lock(&mu_);
-    return usage_;
-  }
-  int events() const {
-    absl::MutexLock lock(&mu_);
-    return events_;
-  }
-  int errors() const {
-    absl::MutexLock lock(&mu_);
-    return errors_;
-  }
-  int after_done() const {
-    absl::MutexLock lock(&mu_);
-    return after_done_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
-  std::string text_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  bool backlogged_ ABSL_GUARDED_BY(mu_) = false;
-  FinishReason finish_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  SequenceUsage usage_ ABSL_GUARDED_BY(mu_);
-  std::string mode_ ABSL_GUARDED_BY(mu_);
-  int events_ ABSL_GUARDED_BY(mu_) = 0;
-  int errors_ ABSL_GUARDED_BY(mu_) = 0;
-  int after_done_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 struct Job {
   std::string mode;

@@ -121,6 +121,7 @@ class RecordingStorage final : public KvStorage {
               std::span<const int32_t> keep) override {
     calls_->push_back({seq, {blocks.begin(), blocks.end()}, committed, {keep.begin(), keep.end()}});
   }
+  void CopyBlock(int32_t /*from*/, int32_t /*to*/) override {}
   size_t ElementBytes() const override { return 2; }
 
  private:

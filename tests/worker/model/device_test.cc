@@ -87,6 +87,7 @@ TEST(DeviceTest, CpuForwardRefusesAnotherDevicesKvStorage) {
   auto model = Transformer::FromWeights(c, RandomWeights(c, 5));
   struct NullStorage final : KvStorage {
     void Commit(SeqId, std::span<const int32_t>, int, std::span<const int32_t>) override {}
+    void CopyBlock(int32_t, int32_t) override {}
     size_t ElementBytes() const override { return 2; }
   };
   KvCacheOptions options = model->KvOptions(16, 4);

@@ -96,6 +96,24 @@ absl::Status CudaKvStorage::Flush() {
   return status_;
 }
 
+void CudaKvStorage::CopyBlock(int32_t from, int32_t to) {
+  auto copy = [&]() -> absl::Status {
+    if (absl::Status flushed = Flush(); !flushed.ok()) return flushed;
+    const size_t block_elements =
+        static_cast<size_t>(options_.block_size) * options_.num_kv_heads * options_.head_dim;
+    const size_t pitch = static_cast<size_t>(layer_stride_) * sizeof(__nv_bfloat16);
+    const size_t width = block_elements * sizeof(__nv_bfloat16);
+    for (__nv_bfloat16* pool : {keys_.get(), values_.get()}) {
+      TANDEM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy2DAsync(pool + static_cast<size_t>(to) * block_elements, pitch,
+                            pool + static_cast<size_t>(from) * block_elements, pitch, width,
+                            options_.num_layers, cudaMemcpyDeviceToDevice, stream_));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = copy(); !s.ok() && status_.ok()) status_ = s;
+}
+
 absl::Status CudaKvStorage::Randomize(uint64_t seed, float half_width) {
   if (absl::Status flushed = Flush(); !flushed.ok()) return flushed;
   kcu::FillUniformParams p;

@@ -33,6 +33,9 @@ class CudaKvStorage final : public KvStorage {
 
   void Commit(SeqId seq, std::span<const int32_t> blocks, int committed,
               std::span<const int32_t> keep) override;
+  // Flushes queued commits, then copies the block's rows of every layer on the stream (one
+  // strided copy for K and one for V); an error is kept in status().
+  void CopyBlock(int32_t from, int32_t to) override;
   size_t ElementBytes() const override { return sizeof(__nv_bfloat16); }
   // Flushes queued commits, then kernels/cuda FillUniform over both pools on the stream.
   absl::Status Randomize(uint64_t seed, float half_width) override;
