@@ -180,8 +180,7 @@ absl::StatusOr<ModelDescription> VerifierPool::ResolveModel(std::string_view id)
 }
 
 absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string_view mode,
-                                             std::optional<size_t> avoid, const Gain& gain,
-                                             double gain_margin) {
+                                             const Choice& choice) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   const size_t n = entries_.size();
@@ -190,16 +189,21 @@ absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (next_ + k) % n;
     const Entry& entry = entries_[i];
-    if (!entry.healthy || !entry.info || entry.retired || i == avoid) continue;
+    if (!entry.healthy || !entry.info || entry.retired || i == choice.avoid) continue;
     if (!model.empty() && entry.info->model != model) continue;
     if (!ServesMode(*entry.info, mode)) continue;
     eligible.push_back(i);
     if (!best || entry.in_flight < entries_[*best].in_flight) best = i;
   }
-  if (best && gain && eligible.size() > 1) {
+  const bool prefer = best && choice.prefer &&
+                      std::find(eligible.begin(), eligible.end(), *choice.prefer) != eligible.end();
+  if (prefer && entries_[*choice.prefer].in_flight <=
+                    entries_[*best].in_flight + std::max(0, choice.prefer_slack)) {
+    best = choice.prefer;
+  } else if (best && choice.gain && eligible.size() > 1) {
     auto gain_of = [&](size_t i) {
       const Entry& entry = entries_[i];
-      return gain(*entry.info, entry.load.get(), StreamsOf(entry, now));
+      return choice.gain(*entry.info, entry.load.get(), StreamsOf(entry, now));
     };
     // Only a verifier the estimate can judge is compared; without an estimate for the least
     // loaded one, balancing decides.
@@ -213,7 +217,7 @@ absl::StatusOr<size_t> VerifierPool::Acquire(std::string_view model, std::string
           pick_gain = *g;
         }
       }
-      if (pick_gain > *base * (1 + gain_margin)) best = pick;
+      if (pick_gain > *base * (1 + choice.gain_margin)) best = pick;
     }
   }
   if (!best) {

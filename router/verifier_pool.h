@@ -121,17 +121,32 @@ class VerifierPool {
   using Gain = std::function<std::optional<double>(const VerifierInfo& info,
                                                    const VerifierLoad* load, double streams)>;
 
+  // How Acquire chooses among the verifiers that can serve a request.
+  struct Choice {
+    // A verifier whose stream just failed: never picked.
+    std::optional<size_t> avoid;
+    // The verifier that likely holds the request's prefix in its prefix cache (PrefixAffinity):
+    // picked while its streams in flight are at most the least loaded one's + `prefer_slack`.
+    std::optional<size_t> prefer;
+    int prefer_slack = 0;
+    // What one more request is worth on each verifier (below); null = balancing alone.
+    Gain gain;
+    double gain_margin = 0.10;
+  };
+
   // Picks the healthy verifier serving `model` (and `mode`, unless it is "" or "auto") and
-  // counts one more stream on it; Release() ends it. By default the one with the fewest streams
-  // in flight. With `gain`, a verifier whose gain beats the least-loaded one's by more than
+  // counts one more stream on it; Release() ends it. The preferred verifier, if it is eligible
+  // and not loaded beyond the slack; else by default the one with the fewest streams in
+  // flight. With a `gain`, a verifier whose gain beats the least-loaded one's by more than
   // `gain_margin` (relative) is picked instead — the best one: on unlike verifiers (a faster
   // device, a better drafter, another mode measured better) the least loaded is not always
   // where a request adds most; on like ones the estimates tie within the margin and the choice
   // stays the least loaded. Unavailable (naming the model) when no healthy verifier serves it.
-  // `avoid` (a verifier whose stream just failed) is never picked.
   absl::StatusOr<size_t> Acquire(std::string_view model, std::string_view mode,
-                                 std::optional<size_t> avoid = std::nullopt,
-                                 const Gain& gain = nullptr, double gain_margin = 0.10);
+                                 const Choice& choice);
+  absl::StatusOr<size_t> Acquire(std::string_view model, std::string_view mode) {
+    return Acquire(model, mode, Choice());
+  }
   void Release(size_t index);
 
  private:

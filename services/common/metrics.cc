@@ -224,6 +224,13 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
       migrations_->Add({{"reason", reason}});
     }
     worker_up_ = r.Gauges("tandem_worker_up", "1 when the worker answers its health poll");
+    prefix_affinity_ = r.Counters(
+        "tandem_prefix_affinity_total",
+        "Requests long enough for prefix affinity, by where they went (followed, overridden, "
+        "unknown)");
+    for (const char* result : {"followed", "overridden", "unknown"}) {
+      prefix_affinity_->Add({{"result", result}});
+    }
   }
   if (drafter) {
     drafter_sessions_ = &r.Gauges("tandem_drafter_sessions", "Open drafting sessions")->Add({});
@@ -398,6 +405,10 @@ void ServiceMetrics::SetModeGoodputEstimate(const std::string& mode, double toke
 
 void ServiceMetrics::AddMigration(const std::string& reason) {
   if (migrations_ != nullptr) migrations_->Add({{"reason", reason}}).Increment();
+}
+
+void ServiceMetrics::AddPrefixAffinity(const std::string& result) {
+  if (prefix_affinity_ != nullptr) prefix_affinity_->Add({{"result", result}}).Increment();
 }
 
 void ServiceMetrics::SetWorkerUp(const std::string& worker, const std::string& role, bool up) {

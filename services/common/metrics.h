@@ -105,6 +105,9 @@ class ServiceMetrics {
   // The mode policy's goodput estimate of a candidate mode at its last decision.
   void SetModeGoodputEstimate(const std::string& mode, double tokens_per_second);
   void AddMigration(const std::string& reason);  // "verifier_failed"
+  // A request long enough for prefix affinity: "followed" (sent to the verifier that served its
+  // prefix), "overridden" (that verifier was too loaded) or "unknown" (no verifier known).
+  void AddPrefixAffinity(const std::string& result);
   void SetWorkerUp(const std::string& worker, const std::string& role, bool up);
 
   // Verifier and drafter: a Draft stream's hidden-state transport settled (`transport`: bytes,
@@ -153,6 +156,7 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Counter>* mode_decisions_ = nullptr;
   prometheus::Family<prometheus::Gauge>* mode_goodput_ = nullptr;
   prometheus::Family<prometheus::Counter>* migrations_ = nullptr;
+  prometheus::Family<prometheus::Counter>* prefix_affinity_ = nullptr;
   prometheus::Family<prometheus::Gauge>* worker_up_ = nullptr;
   prometheus::Gauge* drafter_sessions_ = nullptr;
   prometheus::Counter* drafter_forwards_ = nullptr;

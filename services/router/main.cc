@@ -68,6 +68,17 @@ int main(int argc, char** argv) {
       ->envname("TANDEM_ROUTER_MAX_MIGRATIONS")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--prefix-affinity", options.prefix_affinity,
+                 "send a request to the verifier that last served a prompt beginning like its "
+                 "own, where that prefix's KV is likely cached (on|off)")
+      ->envname("TANDEM_ROUTER_PREFIX_AFFINITY")
+      ->capture_default_str();
+  app.add_option("--prefix-affinity-slack", options.prefix_affinity_slack,
+                 "streams that verifier may carry beyond the least loaded one and still get "
+                 "the request")
+      ->envname("TANDEM_ROUTER_PREFIX_AFFINITY_SLACK")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   bool mode_policy_on = true;
   tandem::router::ModePolicyOptions policy_options;
   app.add_option("--mode-policy", mode_policy_on,

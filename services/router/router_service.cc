@@ -231,7 +231,7 @@ class RelayCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         std::chrono::system_clock::now() < deadline_) {
       const std::string mode = request_.request().mode();
       absl::StatusOr<size_t> next =
-          env_.pool->Acquire(request_.request().model(), mode, attempt->verifier);
+          env_.pool->Acquire(request_.request().model(), mode, {.avoid = attempt->verifier});
       v1::Verifier::Stub* stub = next.ok() ? env_.stubs->Get(*next) : nullptr;
       if (stub != nullptr) {
         ++migrations_done_;
@@ -360,11 +360,24 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
     return call;
   }
   auto* call = new_call(&admission_);
-  absl::StatusOr<size_t> verifier =
-      pool_->Acquire(model->id, request->mode(), std::nullopt, GainOf(*request));
+  const std::vector<uint64_t> prefix_keys =
+      options_.prefix_affinity ? router::PrefixAffinity::Keys(AffinityText(model->id, *request))
+                               : std::vector<uint64_t>();
+  const std::optional<size_t> holder = affinity_.Find(prefix_keys);
+  absl::StatusOr<size_t> verifier = pool_->Acquire(
+      model->id, request->mode(),
+      {.prefer = holder, .prefer_slack = options_.prefix_affinity_slack, .gain = GainOf(*request)});
   if (!verifier.ok()) {
     call->Fail(ToGrpcStatus(verifier.status()));
     return call;
+  }
+  if (!prefix_keys.empty()) {
+    affinity_.Record(prefix_keys, *verifier);
+    if (options_.metrics != nullptr) {
+      options_.metrics->AddPrefixAffinity(!holder                ? "unknown"
+                                          : *holder == *verifier ? "followed"
+                                                                 : "overridden");
+    }
   }
   v1::Verifier::Stub* stub = stubs_->Get(*verifier);
   if (stub == nullptr) {
@@ -392,6 +405,35 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
                      .migrations = &migrations_};
   call->Relay(env, *verifier, stub, std::move(upstream), context->deadline());
   return call;
+}
+
+std::string RouterService::AffinityText(const std::string& model,
+                                        const v1::GenerateRequest& request) {
+  // The model first, then the input in the order the verifier reads it; separators that
+  // prompts do not contain keep one message's end from reading as another's start.
+  std::string text = model;
+  text += '\0';
+  switch (request.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      text += request.prompt();
+      break;
+    case v1::GenerateRequest::kChat:
+      for (const v1::ChatMessage& message : request.chat().messages()) {
+        text += message.role();
+        text += '\x1f';
+        text += message.content();
+        text += '\x1e';
+      }
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      for (int32_t id : request.token_ids().ids()) {
+        text.append(reinterpret_cast<const char*>(&id), sizeof(id));
+      }
+      break;
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      break;
+  }
+  return text;
 }
 
 router::VerifierPool::Gain RouterService::GainOf(const v1::GenerateRequest& request) const {

@@ -36,6 +36,7 @@
 
 #include "router/admission.h"
 #include "router/mode_policy.h"
+#include "router/prefix_affinity.h"
 #include "router/verifier_pool.h"
 #include "services/common/api_keys.h"
 #include "services/common/metrics.h"
@@ -59,6 +60,12 @@ struct RouterOptions {
   // Chooses the mode of "auto" requests on the verifier they go to (not owned; null = they run
   // in the verifier's default mode). Must outlive the service.
   router::ModePolicy* mode_policy = nullptr;
+  // Prefix affinity: a request goes to the verifier that last served a prompt beginning like
+  // its own (router/prefix_affinity.h), where that prefix's KV is likely cached, while that
+  // verifier has at most `prefix_affinity_slack` more of this router's streams than the least
+  // loaded one; else to the least loaded.
+  bool prefix_affinity = true;
+  int prefix_affinity_slack = 4;
 };
 
 class RouterService final
@@ -92,6 +99,8 @@ class RouterService final
   // estimated goodput with the request minus without it); null for pinned modes or without a
   // policy.
   router::VerifierPool::Gain GainOf(const v1::GenerateRequest& request) const;
+  // What PrefixAffinity keys a request by: the model id, then its input as text.
+  static std::string AffinityText(const std::string& model, const v1::GenerateRequest& request);
   void ChooseMode(size_t verifier, v1::VerifyRequest* upstream);
 
   router::VerifierPool* pool_;
@@ -99,6 +108,7 @@ class RouterService final
   VerifierStubs* stubs_;
   RouterOptions options_;
   router::AdmissionGate admission_;
+  router::PrefixAffinity affinity_;
   std::atomic<uint64_t> migrations_{0};
 };
 

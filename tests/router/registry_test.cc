@@ -170,12 +170,12 @@ TEST(VerifierPoolTest, AcquireAvoidsTheVerifierThatJustFailed) {
     pool.SetHealthy(i, true);
   }
   for (int k = 0; k < 4; ++k) {
-    absl::StatusOr<size_t> picked = pool.Acquire("m", "ar", /*avoid=*/0);
+    absl::StatusOr<size_t> picked = pool.Acquire("m", "ar", {.avoid = 0});
     ASSERT_TRUE(picked.ok());
     EXPECT_EQ(*picked, 1u);
   }
   pool.SetHealthy(1, false);
-  EXPECT_EQ(pool.Acquire("m", "ar", /*avoid=*/0).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pool.Acquire("m", "ar", {.avoid = 0}).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(pool.Add("b:1"), 1u);
   EXPECT_EQ(pool.Add("c:1"), 2u);
 }

@@ -110,11 +110,11 @@ TEST(VerifierPoolTest, AGainBeyondTheMarginBeatsBalancingAndTiesStayLeastLoaded)
     return gains[info.worker_id == "w0" ? 0 : 1];
   };
   // b's request adds 50 % more: it goes there although b is busier.
-  EXPECT_EQ(*pool.Acquire("m", "", std::nullopt, gain), 1u);
+  EXPECT_EQ(*pool.Acquire("m", "", {.gain = gain}), 1u);
   pool.Release(1);
   // Within the margin (105 vs 100): balancing decides.
   gains = {100, 105};
-  EXPECT_EQ(*pool.Acquire("m", "", std::nullopt, gain), 0u);
+  EXPECT_EQ(*pool.Acquire("m", "", {.gain = gain}), 0u);
   pool.Release(0);
   // Without an estimate for the least-loaded verifier, balancing decides too.
   auto partial = [&](const VerifierInfo& info, const VerifierLoad*,
@@ -122,11 +122,11 @@ TEST(VerifierPoolTest, AGainBeyondTheMarginBeatsBalancingAndTiesStayLeastLoaded)
     if (info.worker_id == "w0") return std::nullopt;
     return 1000.0;
   };
-  EXPECT_EQ(*pool.Acquire("m", "", std::nullopt, partial), 0u);
+  EXPECT_EQ(*pool.Acquire("m", "", {.gain = partial}), 0u);
   pool.Release(0);
   // A verifier that must be avoided is never picked, however good its estimate.
   gains = {100, 1000};
-  EXPECT_EQ(*pool.Acquire("m", "", size_t{1}, gain), 0u);
+  EXPECT_EQ(*pool.Acquire("m", "", {.avoid = 1, .gain = gain}), 0u);
 }
 
 // A closed-loop client at C = 2: the report saw both of the router's streams running; one ended
@@ -189,6 +189,33 @@ TEST(VerifierPoolTest, StreamsHoldTheRecentAverageWhileFinishedRequestsAreReplac
   // The estimate of a verifier adds other routers' streams from the report to these.
   pool.SetLoad(0, VerifierLoad{.running = 3});
   EXPECT_NEAR(EstimatedSequences(pool.Load(0).get(), pool.Streams(0)), 3, 0.05);
+}
+
+// The rule between prefix affinity and balancing: the verifier that likely holds the prefix
+// gets the request while it carries at most `prefer_slack` streams more than the least loaded.
+TEST(VerifierPoolTest, APreferredVerifierWinsWithinTheSlackOnly) {
+  VerifierPool pool({"a:1", "b:2"});
+  for (size_t i = 0; i < 2; ++i) {
+    pool.SetInfo(i, Info("m", {"ar"}, 512, "w" + std::to_string(i)));
+    pool.SetHealthy(i, true);
+  }
+  const VerifierPool::Choice prefer_a{.prefer = 0, .prefer_slack = 2};
+  // Even, then one, then two streams ahead: still the preferred one.
+  EXPECT_EQ(*pool.Acquire("m", "ar", prefer_a), 0u);
+  EXPECT_EQ(*pool.Acquire("m", "ar", prefer_a), 0u);
+  EXPECT_EQ(*pool.Acquire("m", "ar", prefer_a), 0u);
+  EXPECT_EQ(pool.InFlight(0), 3);
+  // Three ahead is past the slack: the least loaded.
+  EXPECT_EQ(*pool.Acquire("m", "ar", prefer_a), 1u);
+  EXPECT_EQ(*pool.Acquire("m", "ar", prefer_a), 0u);  // two ahead again
+  // Slack 0: only while it is no busier than the least loaded.
+  EXPECT_EQ(*pool.Acquire("m", "ar", {.prefer = 0}), 1u);
+  // Never a verifier that is down, avoided or without the model.
+  pool.SetHealthy(0, false);
+  EXPECT_EQ(*pool.Acquire("m", "ar", prefer_a), 1u);
+  pool.SetHealthy(0, true);
+  EXPECT_EQ(*pool.Acquire("m", "ar", {.avoid = 0, .prefer = 0, .prefer_slack = 100}), 1u);
+  EXPECT_EQ(pool.Acquire("k", "ar", prefer_a).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -224,8 +224,10 @@ TEST_F(HttpFrontTest, ChatStreamWithUsage) {
   EXPECT_EQ(text, "Hello world");
   EXPECT_EQ(events[4]["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(events[5]["choices"].empty());
-  EXPECT_EQ(events[5]["usage"],
-            json({{"prompt_tokens", 4}, {"completion_tokens", 3}, {"total_tokens", 7}}));
+  EXPECT_EQ(events[5]["usage"], json({{"prompt_tokens", 4},
+                                      {"completion_tokens", 3},
+                                      {"total_tokens", 7},
+                                      {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
 }
 
 TEST_F(HttpFrontTest, GrpcErrorsBecomeHttpStatuses) {

@@ -169,6 +169,7 @@ TEST(HttpOpenAiTest, FinalResponsesHaveOpenAiShape) {
   last.set_text(" world");
   last.set_finish_reason("length");
   *last.mutable_usage() = Usage(3, 2);
+  last.mutable_usage()->set_cached_tokens(1);  // OpenAI's usage.prompt_tokens_details
   Collect(first, &collected);
   Collect(last, &collected);
 
@@ -181,8 +182,10 @@ TEST(HttpOpenAiTest, FinalResponsesHaveOpenAiShape) {
   EXPECT_EQ(completion["choices"][0]["text"], "Hello world");
   EXPECT_EQ(completion["choices"][0]["index"], 0);
   EXPECT_EQ(completion["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(completion["usage"],
-            json({{"prompt_tokens", 3}, {"completion_tokens", 2}, {"total_tokens", 5}}));
+  EXPECT_EQ(completion["usage"], json({{"prompt_tokens", 3},
+                                       {"completion_tokens", 2},
+                                       {"total_tokens", 5},
+                                       {"prompt_tokens_details", {{"cached_tokens", 1}}}}));
   EXPECT_EQ(completion["tandem"]["mode"], "spec");
 
   json chat = FinalResponse(Api::kChat, Meta(), collected);
