@@ -32,7 +32,11 @@ TimedStream ReadTimed(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
       result.chunks.push_back({.time = now, .tokens = message.token_ids_size()});
     }
     if (!message.mode().empty()) result.mode = message.mode();
-    if (!message.finish_reason().empty()) result.finish_reason = message.finish_reason();
+    result.text += message.text();
+    if (!message.finish_reason().empty()) {
+      result.finish_reason = message.finish_reason();
+      result.usage = message.usage();
+    }
   }
   result.status = reader.Finish();
   result.end = since();

@@ -28,6 +28,8 @@ struct TimedStream {
   double end = 0;    // when the stream finished (Finish returned)
   std::string mode;  // the mode the server reported on its last message
   std::string finish_reason;
+  std::string text;  // the completion's text
+  v1::Usage usage;   // the last message's
 
   bool ok() const { return status.ok(); }
   // Time to the first token; 0 when none came.

@@ -4,6 +4,7 @@
 #include "services/cli/bench_cluster.h"
 #include "services/cli/bench_engine.h"
 #include "services/cli/bench_modes.h"
+#include "services/cli/bench_prefix.h"
 #include "services/cli/bench_serve.h"
 #include "services/cli/commands.h"
 #include "worker/decoding/modes.h"
@@ -225,6 +226,35 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                          "CPU threads of the local verifier and drafter; 0 = their default");
   router_cmd->add_flag("--json", router->json, "Print JSON instead of a table");
   router_cmd->callback([router, exit_code] { *exit_code = RunBenchRouter(*router); });
+
+  auto prefix = std::make_shared<BenchPrefixArgs>();
+  CLI::App* prefix_cmd = bench->add_subcommand(
+      "prefix",
+      "Prefix caching on a shared-prefix workload: conversations of several turns over one "
+      "long system prompt, on local clusters with the prefix cache off, on, and on with the "
+      "router's prefix affinity; TTFT, tokens/s and hit rates side by side");
+  prefix_cmd->add_option("--model", prefix->model_dir, "Target model (default: the bundled one)");
+  prefix_cmd->add_option("--threads", prefix->threads,
+                         "CPU threads of each verifier; 0 = the cores split among them");
+  prefix_cmd->add_option("--verifiers", prefix->verifiers, "Verifiers per cluster")
+      ->capture_default_str();
+  prefix_cmd->add_option("--conversations", prefix->conversations, "Conversations per round")
+      ->capture_default_str();
+  prefix_cmd->add_option("--turns", prefix->turns, "Turns per conversation")->capture_default_str();
+  prefix_cmd->add_option("--concurrency", prefix->concurrency, "Conversations in flight")
+      ->capture_default_str();
+  prefix_cmd->add_option("--max-tokens", prefix->max_tokens, "New tokens per turn")
+      ->capture_default_str();
+  prefix_cmd->add_option("--system-bytes", prefix->system_bytes, "Length of the system prompt")
+      ->capture_default_str();
+  prefix_cmd->add_option("--rounds", prefix->rounds, "Rounds, configurations in alternating order")
+      ->capture_default_str();
+  prefix_cmd
+      ->add_option("--affinity-slack", prefix->affinity_slack,
+                   "The affinity router's --prefix-affinity-slack")
+      ->capture_default_str();
+  prefix_cmd->add_flag("--json", prefix->json, "Print JSON instead of a table");
+  prefix_cmd->callback([prefix, exit_code] { *exit_code = RunBenchPrefix(*prefix); });
 }
 
 }  // namespace tandem::cli

@@ -46,15 +46,21 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   if (!drafter.ok()) return drafter.status();
   cluster->drafter_address_ = *drafter;
 
-  std::vector<std::string> verifier_argv =
-      common({*verifier_bin, "--model", cluster->model_dir_, "--drafter", *drafter}, true);
-  verifier_argv.insert(verifier_argv.end(), o.verifier_flags.begin(), o.verifier_flags.end());
-  auto verifier = cluster->StartService("verifier", std::move(verifier_argv));
-  if (!verifier.ok()) return verifier.status();
-  cluster->verifier_address_ = *verifier;
+  if (o.verifiers < 1) return absl::InvalidArgumentError("a local cluster needs a verifier");
+  for (int i = 0; i < o.verifiers; ++i) {
+    std::vector<std::string> verifier_argv =
+        common({*verifier_bin, "--model", cluster->model_dir_, "--drafter", *drafter}, true);
+    verifier_argv.insert(verifier_argv.end(), o.verifier_flags.begin(), o.verifier_flags.end());
+    auto verifier = cluster->StartService("verifier", std::move(verifier_argv));
+    if (!verifier.ok()) return verifier.status();
+    cluster->verifier_addresses_.push_back(*verifier);
+  }
 
-  std::vector<std::string> router_argv = {*router_bin, "--verifier", *verifier,      "--drafter",
-                                          *drafter,    "--listen",   o.router_listen};
+  std::vector<std::string> router_argv = {*router_bin, "--drafter", *drafter, "--listen",
+                                          o.router_listen};
+  for (const std::string& verifier : cluster->verifier_addresses_) {
+    router_argv.insert(router_argv.end(), {"--verifier", verifier});
+  }
   if (o.metrics) router_argv.insert(router_argv.end(), {"--metrics-listen", "127.0.0.1:0"});
   if (!o.router_http_listen.empty()) {
     router_argv.insert(router_argv.end(), {"--http-listen", o.router_http_listen});

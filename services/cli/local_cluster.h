@@ -1,5 +1,6 @@
-// A local Tandem cluster: tandem-drafter, tandem-verifier and tandem-router as separate child
-// processes on 127.0.0.1, the verifier pointed at the drafter and the router at both, each
+// A local Tandem cluster: tandem-drafter, tandem-verifier (one or more) and tandem-router as
+// separate child processes on 127.0.0.1, the verifiers pointed at the drafter and the router at
+// all of them, each
 // address read from the child's "listening on" line (ports chosen by the OS unless asked
 // otherwise). Backs `tandem up`, `tandem bench serve` and `tandem bench router`.
 //
@@ -31,6 +32,7 @@ struct LocalClusterOptions {
   bool metrics = true;  // every service serves /metrics on a port chosen by the OS
   int threads = 0;      // the verifier's and the drafter's --threads; 0 = their default
   std::string device;   // the verifier's and the drafter's --device; "" = their default (cpu)
+  int verifiers = 1;    // verifier processes, all behind the router
   // Appended to each service's command line.
   std::vector<std::string> drafter_flags;
   std::vector<std::string> verifier_flags;
@@ -50,7 +52,9 @@ class LocalCluster {
   const std::string& model_dir() const { return model_dir_; }
   const std::string& drafter_model_dir() const { return drafter_model_dir_; }
   const std::string& drafter_address() const { return drafter_address_; }
-  const std::string& verifier_address() const { return verifier_address_; }
+  // The first verifier's; verifier_addresses() has every one.
+  const std::string& verifier_address() const { return verifier_addresses_.front(); }
+  const std::vector<std::string>& verifier_addresses() const { return verifier_addresses_; }
   const std::string& router_address() const { return router_address_; }
   // Drafter, verifier, router, in start order.
   const std::vector<std::unique_ptr<ChildProcess>>& children() const { return children_; }
@@ -69,7 +73,7 @@ class LocalCluster {
   std::string model_dir_;
   std::string drafter_model_dir_;
   std::string drafter_address_;
-  std::string verifier_address_;
+  std::vector<std::string> verifier_addresses_;
   std::string router_address_;
   std::vector<std::unique_ptr<ChildProcess>> children_;
 };

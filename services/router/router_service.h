@@ -65,7 +65,7 @@ struct RouterOptions {
   // verifier has at most `prefix_affinity_slack` more of this router's streams than the least
   // loaded one; else to the least loaded.
   bool prefix_affinity = true;
-  int prefix_affinity_slack = 4;
+  int prefix_affinity_slack = 2;
 };
 
 class RouterService final

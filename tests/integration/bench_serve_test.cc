@@ -368,5 +368,30 @@ TEST(BenchRouter, NeedsTheVerifierWithServer) {
   EXPECT_THAT(run.err, ::testing::HasSubstr("--server needs --verifier"));
 }
 
+// `tandem bench prefix` starts its clusters (cache off, on, on with affinity) and reports them
+// side by side: the cache takes most of what the workload shares, and changes no completion.
+TEST(BenchPrefix, ComparesTheCacheOffOnAndWithAffinity) {
+  const CommandRun run = RunTandem(
+      "bench prefix --conversations 2 --turns 3 --concurrency 2 --rounds 1 --max-tokens 8 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json out = json::parse(run.out);
+  ASSERT_EQ(out["configurations"].size(), 3u);
+  for (const json& c : out["configurations"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    EXPECT_EQ(c["requests"], 6);
+    EXPECT_EQ(c["failed"], 0);
+    EXPECT_EQ(c["completions_unlike_cache_off"], 0);
+    EXPECT_GT(c["tokens_per_second"].get<double>(), 0);
+    EXPECT_GT(c["shareable_rate"].get<double>(), 0.5);
+  }
+  EXPECT_EQ(out["configurations"][0]["name"], "cache off");
+  EXPECT_EQ(out["configurations"][0]["cached_tokens"], 0);
+  for (int i : {1, 2}) {
+    const json& c = out["configurations"][i];
+    EXPECT_GT(c["hit_rate"].get<double>(), 0.5 * c["shareable_rate"].get<double>()) << c.dump();
+    EXPECT_LE(c["hit_rate"].get<double>(), c["shareable_rate"].get<double>()) << c.dump();
+  }
+}
+
 }  // namespace
 }  // namespace tandem::testing
