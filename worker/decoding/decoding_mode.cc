@@ -50,6 +50,27 @@ absl::Status CheckStep(const DecodeState& state, const StepPlan& plan, const Ste
                                             " tokens but the sequence has only ",
                                             state.tokens.size() + result.append.size()));
   }
+  // Kept KV is that of the sequence's own next tokens, at their positions, with the adapter
+  // gate off: the KV a causal forward of the committed tokens gives (what the prefix cache
+  // shares).
+  for (size_t j = 0; j < result.keep.size(); ++j) {
+    const int32_t index = result.keep[j];
+    const size_t at = state.kv_len + j;
+    const int32_t token =
+        at < state.tokens.size() ? state.tokens[at] : result.append[at - state.tokens.size()];
+    const bool in_plan = index >= 0 && index < static_cast<int32_t>(plan.tokens.size()) &&
+                         index < static_cast<int32_t>(plan.positions.size());
+    const bool gated = in_plan && index < static_cast<int32_t>(plan.lora_gate.size()) &&
+                       plan.lora_gate[index] != 0;
+    if (!in_plan || plan.tokens[index] != token ||
+        plan.positions[index] != static_cast<int32_t>(at) || gated) {
+      return absl::InternalError(
+          absl::StrCat("mode ", std::string(mode), " kept the KV of plan token ", index,
+                       " as the sequence's token ", at,
+                       ", but it is not that token at that position with the "
+                       "adapter off"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -91,8 +91,9 @@ class DecodingMode {
 void AppendPending(const DecodeState& state, StepPlan* plan);
 
 // The step contract every driver of a mode checks after Consume: the plan starts with the
-// pending tokens and keeps them first, and the KV kept never outruns the sequence. Internal
-// (naming `mode`) when broken.
+// pending tokens and keeps them first, the KV kept never outruns the sequence, and every kept
+// row is the sequence's own next token at its position with the adapter gate off (the KV the
+// prefix cache may share). Internal (naming `mode`) when broken.
 absl::Status CheckStep(const DecodeState& state, const StepPlan& plan, const StepResult& result,
                        std::string_view mode);
 

@@ -359,8 +359,6 @@ Engine::Impl::StepBatch Engine::Impl::PlanStep(const std::vector<SeqPtr>& candid
   return batch;
 }
 
-// The sequence's extend for this step: an engine prefill slice, or the mode's plan. nullopt
-// when the sequence ended instead (a plan past every bound).
 KvCacheOptions KvOptions(const Transformer& model, const EngineOptions& options) {
   KvCacheOptions kv = model.KvOptions(options.kv_tokens, options.kv_block_size);
   kv.prefix_cache = options.prefix_cache;
@@ -391,6 +389,8 @@ void Engine::Impl::PublishKv(const EngineSequence& s) {
   if (options_.prefix_cache) kv_.PublishPrefix(static_cast<SeqId>(s.id), s.tokens, kPrefixSalt);
 }
 
+// The sequence's extend for this step: an engine prefill slice, or the mode's plan. nullopt
+// when the sequence ended instead (a plan past every bound).
 std::optional<Engine::Impl::Planned> Engine::Impl::PlanSequence(const SeqPtr& seq, int room) {
   if (seq->kv_len == 0 && options_.prefix_cache) AttachCachedPrefix(*seq);
   Planned p;
