@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/version.h"
+#include "services/common/proto_decode.h"
 #include "worker/sampling/sampling.h"
 
 namespace tandem {
@@ -20,6 +21,9 @@ namespace {
 
 // Events a stream may hold before the engine stops stepping its sequence.
 constexpr size_t kMaxQueuedResponses = 8;
+// The largest Generate request (gRPC's default receive limit, which the server keeps): a
+// migrated request's committed tokens at a 128k context take well under 1 MiB.
+constexpr size_t kMaxVerifyRequestBytes = 4 << 20;
 
 v1::GenerateResponse ToResponse(const SequenceEvent& event) {
   v1::GenerateResponse response;
@@ -83,7 +87,7 @@ class StreamSink final : public SequenceSink {
 
   mutable absl::Mutex mu_;
   GenerateReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // serialized GenerateResponses
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;  // the last event arrived
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -92,7 +96,7 @@ class StreamSink final : public SequenceSink {
   RequestRecorder recorder_ ABSL_GUARDED_BY(mu_);
 };
 
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateReactor(Engine* engine, std::shared_ptr<StreamSink> sink)
       : engine_(engine), sink_(std::move(sink)) {
@@ -149,7 +153,12 @@ void StreamSink::OnEvent(SequenceEvent event) {
     final_status_ = ToGrpcStatus(event.error);
   } else {
     // Empty intermediate events (a step that committed nothing visible) are not worth a write.
-    if (last || !event.tokens.empty() || !event.text.empty()) queue_.push_back(ToResponse(event));
+    if (last || !event.tokens.empty() || !event.text.empty()) {
+      bool own_buffer = false;
+      grpc::ByteBuffer& out = queue_.emplace_back();
+      grpc::SerializationTraits<v1::GenerateResponse>::Serialize(ToResponse(event), &out,
+                                                                 &own_buffer);
+    }
     if (last) ended_ = true;
   }
   Pump();
@@ -394,9 +403,11 @@ bool StalledPast(const EngineLoad& load, absl::Duration watchdog) {
 
 bool VerifierService::Stalled() const { return StalledPast(engine_->Load(), watchdog_); }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* VerifierService::Generate(
-    grpc::CallbackServerContext* context, const v1::VerifyRequest* request) {
-  const std::string mode = RequestedModeLabel(request->request().mode());
+grpc::ServerWriteReactor<grpc::ByteBuffer>* VerifierService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  v1::VerifyRequest request;
+  const absl::Status decoded = DecodeProto(*raw, kMaxVerifyRequestBytes, "verifier", &request);
+  const std::string mode = RequestedModeLabel(request.request().mode());
   auto sink = std::make_shared<StreamSink>(metrics_, mode);
   auto* reactor = new GenerateReactor(engine_, sink);
   if (grpc::Status auth = peers_.CheckGrpc(*context); !auth.ok()) {
@@ -404,8 +415,13 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* VerifierService::Generate(
     reactor->Finish(auth);
     return reactor;
   }
+  if (!decoded.ok()) {
+    RequestRecorder(metrics_, mode).Finish(decoded.code());
+    reactor->Finish(ToGrpcStatus(decoded));
+    return reactor;
+  }
   absl::StatusOr<SequenceRequest> native =
-      ToSequenceRequest(*request, identity_, engine_->model().model->config(), mode_defaults_);
+      ToSequenceRequest(request, identity_, engine_->model().model->config(), mode_defaults_);
   if (!native.ok()) {
     RequestRecorder(metrics_, mode).Finish(native.status().code());
     reactor->Finish(ToGrpcStatus(native.status()));

@@ -31,7 +31,10 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& reque
                                                   const ModelConfig& config,
                                                   const ModeOptions& defaults);
 
-class VerifierService final : public v1::Verifier::CallbackService {
+// Generate is a raw method: the service parses the request itself (services/common/
+// proto_decode.h), so malformed bytes get INVALID_ARGUMENT with a reason, not UNIMPLEMENTED.
+class VerifierService final
+    : public v1::Verifier::WithRawCallbackMethod_Generate<v1::Verifier::CallbackService> {
  public:
   // `engine` and `metrics` (may be null: no request metrics) are not owned and must outlive
   // the service.
@@ -44,8 +47,8 @@ class VerifierService final : public v1::Verifier::CallbackService {
   // Whether the engine has had work without stepping for the watchdog's time or longer.
   bool Stalled() const;
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::VerifyRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* raw) override;
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
                                     const v1::WorkerInfoRequest* request,
                                     v1::WorkerInfo* reply) override;

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "services/cli/child_process.h"
 #include "tandem/v1/drafter.grpc.pb.h"
@@ -278,6 +280,57 @@ TEST_F(ClusterTest, MessagesNameTheFieldAtFault) {
   result = Generate(cluster_->generation(), request);
   EXPECT_NE(result.status.error_message().find("chat.messages[0].content"), std::string::npos)
       << result.status.error_message();
+}
+
+// Bytes sent straight to a service's streaming method, as a client with another (or a broken)
+// schema would: the call's status.
+grpc::Status CallRaw(const std::string& address, const std::string& method,
+                     const std::string& bytes) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::CompletionQueue queue;
+  auto call = stub.PrepareCall(&context, method, &queue);
+  auto step = [&queue](std::function<void(void*)> start) {
+    void* tag = nullptr;
+    bool ok = false;
+    start(reinterpret_cast<void*>(1));
+    queue.Next(&tag, &ok);
+    return ok;
+  };
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  step([&](void* tag) { call->StartCall(tag); });
+  step([&](void* tag) { call->Write(request, tag); });
+  step([&](void* tag) { call->WritesDone(tag); });
+  while (step([&](void* tag) { call->Read(&response, tag); })) {
+  }
+  step([&](void* tag) { call->Finish(&status, tag); });
+  queue.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+TEST_F(ClusterTest, MalformedBytesToTheVerifierAreInvalidArgumentWithTheReason) {
+  const grpc::Status garbage =
+      CallRaw(cluster_->verifier_address(), "/tandem.v1.Verifier/Generate", "\xff\xff\xff\x07");
+  EXPECT_EQ(garbage.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << garbage.error_message();
+  EXPECT_NE(garbage.error_message().find("not a valid tandem.v1.VerifyRequest"), std::string::npos)
+      << garbage.error_message();
+  // request (field 1) holding prompt (field 2) "\xff": a proto3 string that is not UTF-8.
+  const grpc::Status utf8 = CallRaw(cluster_->verifier_address(), "/tandem.v1.Verifier/Generate",
+                                    std::string("\x0a\x03\x12\x01\xff", 5));
+  EXPECT_EQ(utf8.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << utf8.error_message();
+  EXPECT_NE(utf8.error_message().find("request.prompt is not valid UTF-8"), std::string::npos)
+      << utf8.error_message();
+  // The verifier serves on.
+  StreamResult after = Generate(cluster_->generation(), Greedy("def f(x):", "ar", 4));
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
 }
 
 TEST_F(ClusterTest, ExpiredDeadlineIsDeadlineExceeded) {
