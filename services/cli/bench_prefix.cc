@@ -195,6 +195,9 @@ int RunBenchPrefix(const BenchPrefixArgs& args) {
   std::vector<std::unique_ptr<LocalCluster>> clusters;
   for (const Config& config : configs) {
     std::vector<std::string> verifier_flags = {"--calibration-seconds", "0"};
+    if (args.kv_tokens > 0) {
+      verifier_flags.insert(verifier_flags.end(), {"--kv-tokens", std::to_string(args.kv_tokens)});
+    }
     verifier_flags.insert(verifier_flags.end(), config.verifier_flags.begin(),
                           config.verifier_flags.end());
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =

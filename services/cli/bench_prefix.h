@@ -8,6 +8,7 @@
 // model's tokenizer), and whether every completion equals the cache-off one.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace tandem::cli {
@@ -23,6 +24,7 @@ struct BenchPrefixArgs {
   int system_bytes = 800;  // about 240 tokens: four turns fit the bundled 512-token context
   int rounds = 2;
   int affinity_slack = 2;  // the affinity router's --prefix-affinity-slack
+  int64_t kv_tokens = 0;   // each verifier's --kv-tokens; 0 = its default (65536)
   bool json = false;
 };
 

@@ -249,6 +249,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   prefix_cmd->add_option("--rounds", prefix->rounds, "Rounds, configurations in alternating order")
       ->capture_default_str();
+  prefix_cmd->add_option("--kv-tokens", prefix->kv_tokens,
+                         "Each verifier's KV cache in tokens (a small one puts the prefix cache "
+                         "under pressure); 0 = the verifiers' default");
   prefix_cmd
       ->add_option("--affinity-slack", prefix->affinity_slack,
                    "The affinity router's --prefix-affinity-slack")
