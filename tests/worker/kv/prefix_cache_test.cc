@@ -1,7 +1,10 @@
 // KvCache's prefix caching: attach takes the longest indexed run of whole blocks, blocks are
 // shared by reference and never written while shared, idle indexed blocks stay until the pool
 // needs them and then go least recently released first.
+#include <map>
 #include <numeric>
+#include <random>
+#include <span>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -206,6 +209,109 @@ TEST(PrefixCacheTest, PublishingAPrefixIndexedElsewhereKeepsTheSequencesOwnBlock
   kv.PublishPrefix(3, longer, 0);
   ASSERT_TRUE(kv.AddSequence(4).ok());
   EXPECT_EQ(kv.AttachPrefix(4, longer, 0), 12);
+}
+
+// Random operations on a small pool against an oracle: a committed slot's K row must always hold
+// the value of its whole prefix (what a causal forward computes from it), whoever wrote it, after
+// any mix of attaches, extends with dropped tentative tokens, publishes, rollbacks (copies of
+// shared blocks included), evictions and removals.
+TEST(PrefixCacheTest, RandomOperationsKeepEveryCommittedRowThatOfItsPrefix) {
+  KvCacheOptions options = Options(24);
+  options.num_layers = 1;
+  options.head_dim = 1;
+  KvCache kv(options);
+  // The row a prefix's last token gets: a hash of the whole prefix, exact in a float.
+  auto value = [](const std::vector<int32_t>& tokens, size_t end) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < end; ++i) h = (h ^ static_cast<uint32_t>(tokens[i])) * 16777619u;
+    return static_cast<float>(h % (1u << 20));
+  };
+  std::mt19937 rng(7);
+  auto pick = [&rng](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+  const std::vector<std::vector<int32_t>> bases = {Tokens(40, 100), Tokens(40, 500),
+                                                   Tokens(40, 900)};
+  std::map<SeqId, std::vector<int32_t>> live;  // committed tokens of each sequence
+  SeqId next = 1;
+  int attached = 0, copies_refused = 0, reserves_refused = 0;
+  auto check = [&] {
+    for (const auto& [seq, tokens] : live) {
+      ASSERT_EQ(kv.CommittedLength(seq), static_cast<int>(tokens.size())) << seq;
+      for (size_t slot = 0; slot < tokens.size(); ++slot) {
+        ASSERT_EQ(kv.KeyRow(seq, 0, static_cast<int>(slot))[0], value(tokens, slot + 1))
+            << "sequence " << seq << " slot " << slot;
+      }
+    }
+  };
+  // Extends `seq` by `fresh` tentative tokens of which the ones in `keep` are committed; the
+  // others are drafts whose rows are garbage. False when the pool has no room.
+  auto extend = [&](SeqId seq, const std::vector<int32_t>& fresh, const std::vector<bool>& keep) {
+    std::vector<int32_t>& tokens = live[seq];
+    const int base = static_cast<int>(tokens.size());
+    if (!kv.Reserve(seq, static_cast<int>(fresh.size())).has_value()) return false;
+    std::vector<int32_t> kept_tokens = tokens, keep_index;
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      float row = -1.0f;
+      if (keep[i]) {
+        kept_tokens.push_back(fresh[i]);
+        row = value(kept_tokens, kept_tokens.size());
+        keep_index.push_back(static_cast<int32_t>(i));
+      }
+      kv.KeyRow(seq, 0, base + static_cast<int>(i))[0] = row;
+    }
+    EXPECT_TRUE(kv.Commit(seq, keep_index).ok());
+    tokens = kept_tokens;
+    kv.PublishPrefix(seq, tokens, 0);
+    return true;
+  };
+  for (int step = 0; step < 3000; ++step) {
+    const int op = live.empty() ? 0 : pick(10);
+    if (op <= 2) {  // a new sequence: a shared base prompt cut anywhere, then its own tokens
+      const SeqId seq = next++;
+      const std::vector<int32_t>& base = bases[pick(3)];
+      std::vector<int32_t> prompt(base.begin(), base.begin() + 1 + pick(40));
+      for (int extra = pick(6); extra > 0; --extra) prompt.push_back(pick(50));
+      ASSERT_TRUE(kv.AddSequence(seq).ok());
+      const int taken =
+          kv.AttachPrefix(seq, std::span<const int32_t>(prompt).first(prompt.size() - 1), 0);
+      attached += taken;
+      live[seq] = std::vector<int32_t>(prompt.begin(), prompt.begin() + taken);
+      const std::vector<int32_t> rest(prompt.begin() + taken, prompt.end());
+      if (!extend(seq, rest, std::vector<bool>(rest.size(), true))) {
+        ++reserves_refused;
+        kv.RemoveSequence(seq);
+        live.erase(seq);
+      }
+    } else if (op <= 6) {  // a step: a few tentative tokens, some kept
+      auto it = std::next(live.begin(), pick(static_cast<int>(live.size())));
+      std::vector<int32_t> fresh(1 + pick(5));
+      std::vector<bool> keep(fresh.size());
+      for (size_t i = 0; i < fresh.size(); ++i) {
+        fresh[i] = pick(50);
+        keep[i] = pick(3) != 0;
+      }
+      if (!extend(it->first, fresh, keep)) ++reserves_refused;
+    } else if (op <= 8) {  // a rollback
+      auto it = std::next(live.begin(), pick(static_cast<int>(live.size())));
+      const int length = pick(static_cast<int>(it->second.size()) + 1);
+      const absl::Status truncated = kv.Truncate(it->first, length);
+      if (truncated.ok()) {
+        it->second.resize(length);
+      } else {
+        ASSERT_EQ(truncated.code(), absl::StatusCode::kResourceExhausted) << truncated;
+        ++copies_refused;
+      }
+    } else {  // a sequence ends
+      auto it = std::next(live.begin(), pick(static_cast<int>(live.size())));
+      kv.RemoveSequence(it->first);
+      live.erase(it);
+    }
+    check();
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  // The run exercised what it is for.
+  EXPECT_GT(attached, 500);
+  EXPECT_GT(kv.prefix_stats().evictions, 10);
+  EXPECT_GT(reserves_refused, 0);
 }
 
 }  // namespace
