@@ -287,6 +287,11 @@ absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
   if (seed->has_value()) sampling->set_seed(static_cast<uint64_t>(**seed));
 
   if (absl::Status stop = ParseStop(body, &request); !stop.ok()) return stop;
+  if (const json* ignore_eos = Member(body, "ignore_eos"); ignore_eos != nullptr) {
+    if (!ignore_eos->is_boolean())
+      return BadParam("ignore_eos", "ignore_eos must be true or false");
+    request.set_ignore_eos(ignore_eos->get<bool>());
+  }
   absl::StatusOr<std::optional<std::string>> mode = StringParam(body, "mode");
   if (!mode.ok()) return mode.status();
   if (mode->has_value()) request.set_mode(**mode);

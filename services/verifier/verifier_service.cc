@@ -342,6 +342,7 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
     if (stop.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
   }
   out.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  out.ignore_eos = request.ignore_eos();
   out.mode = request.mode();
   out.committed.assign(verify.committed_token_ids().begin(), verify.committed_token_ids().end());
   out.drafter = verify.drafter();

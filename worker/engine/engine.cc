@@ -140,7 +140,7 @@ absl::StatusOr<std::shared_ptr<EngineSequence>> Engine::Impl::BuildSequence(
 
 absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest& request) {
   StopConditions stop;
-  stop.stop_token_ids = stop_tokens_;
+  if (!request.ignore_eos) stop.stop_token_ids = stop_tokens_;
   stop.stop_token_ids.insert(stop.stop_token_ids.end(), request.stop_token_ids.begin(),
                              request.stop_token_ids.end());
   stop.stop_strings = request.stop_strings;

@@ -81,6 +81,7 @@ struct SequenceRequest {
   int max_tokens = 0;  // > 0
   std::vector<std::string> stop_strings;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
+  bool ignore_eos = false;              // the model's EOS ids do not stop the sequence
   std::string drafter;                  // drafter address for `spec`; "" = the engine's default
   absl::Time deadline = absl::InfiniteFuture();
 };

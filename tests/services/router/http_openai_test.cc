@@ -28,7 +28,7 @@ TEST(HttpOpenAiTest, CompletionWithEveryParameter) {
       ParseRequest(Api::kCompletions,
                    R"({"model": "m", "prompt": "def f(x):", "max_tokens": 7, "temperature": 0.5,
           "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 1234, "stop": ["\n\n", "END"],
-          "stop_token_ids": [2], "mode": "spec", "n": 1, "stream": true,
+          "stop_token_ids": [2], "ignore_eos": true, "mode": "spec", "n": 1, "stream": true,
           "stream_options": {"include_usage": true}, "user": "ignored", "presence_penalty": 0})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const v1::GenerateRequest& request = parsed->request;
@@ -44,6 +44,7 @@ TEST(HttpOpenAiTest, CompletionWithEveryParameter) {
   EXPECT_EQ(request.sampling().seed(), 1234u);
   EXPECT_THAT(request.stop(), ::testing::ElementsAre("\n\n", "END"));
   EXPECT_THAT(request.stop_token_ids(), ::testing::ElementsAre(2));
+  EXPECT_TRUE(request.ignore_eos());
   EXPECT_EQ(request.mode(), "spec");
   EXPECT_TRUE(parsed->stream);
   EXPECT_TRUE(parsed->include_usage);
@@ -128,6 +129,7 @@ TEST(HttpOpenAiTest, RefusalsNameTheParameter) {
       {Api::kCompletions, R"({"prompt": "x", "seed": -1})", "seed"},
       {Api::kCompletions, R"({"prompt": "x", "stop": [1]})", "stop"},
       {Api::kCompletions, R"({"prompt": "x", "stream": "yes"})", "stream"},
+      {Api::kCompletions, R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos"},
       {Api::kCompletions, R"({"prompt": "x", "stream_options": {"include_usage": true}})",
        "stream_options"},
       {Api::kCompletions, R"({"prompt": "x", "model": 5})", "model"},

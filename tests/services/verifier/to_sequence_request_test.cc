@@ -51,6 +51,7 @@ TEST_F(ToSequenceRequestTest, CopiesEveryField) {
   r.mutable_sampling()->set_seed(42);
   r.add_stop("\n\n");
   r.add_stop_token_ids(7);
+  r.set_ignore_eos(true);
   request_.add_committed_token_ids(11);
   request_.add_committed_token_ids(12);
   request_.set_drafter("127.0.0.1:9");
@@ -67,6 +68,7 @@ TEST_F(ToSequenceRequestTest, CopiesEveryField) {
   EXPECT_EQ(out->sampling.seed, 42u);
   EXPECT_THAT(out->stop_strings, ElementsAre("\n\n"));
   EXPECT_THAT(out->stop_token_ids, ElementsAre(7));
+  EXPECT_TRUE(out->ignore_eos);
   EXPECT_THAT(out->committed, ElementsAre(11, 12));
   EXPECT_EQ(out->drafter, "127.0.0.1:9");
   EXPECT_EQ(out->mode_options.spec_gamma, 6);

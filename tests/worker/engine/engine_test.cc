@@ -419,6 +419,47 @@ TEST_F(EngineTest, MigratedSampledStreamContinuesExactly) {
   EXPECT_GE(compared, 2);
 }
 
+// ignore_eos: the model's end-of-sequence tokens are emitted like any other and the sequence goes
+// on. The bundled model hardly ever ends a sequence, so a copy of it whose EOS is a token of its
+// own greedy output shows the difference, in every mode that keeps AR's output.
+TEST_F(EngineTest, IgnoreEosGoesOnPastTheModelsEndOfSequence) {
+  const Job job{.mode = "ar", .prompt = 1};
+  const std::vector<int32_t> full = Reference(job);
+  ASSERT_EQ(full.size(), static_cast<size_t>(kNewTokens));
+  const int32_t eos = full[5];
+  const size_t first = std::find(full.begin(), full.end(), eos) - full.begin();
+  ModelConfig config = target().config();
+  config.eos_token_ids = {eos};
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::FromFile(kModelDir + "/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  LoadedModel copy{.dir = kModelDir,
+                   .model = Transformer::FromWeights(config, target().weights()),
+                   .tokenizer = std::move(*tokenizer)};
+  EngineOptions options;
+  options.default_drafter = kDrafter;
+  options.draft_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&copy, options, Drafters());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (const char* mode : {"ar", "spec", "jacobi"}) {
+    for (bool ignore : {false, true}) {
+      SequenceRequest request = Request({.mode = mode, .prompt = 1});
+      request.ignore_eos = ignore;
+      auto sink = std::make_shared<CollectingSink>();
+      ASSERT_TRUE((*engine)->Submit(request, sink).ok());
+      ASSERT_TRUE(sink->Wait());
+      SCOPED_TRACE(std::string(mode) + (ignore ? " ignoring EOS" : ""));
+      if (ignore) {
+        EXPECT_EQ(sink->tokens(), full);
+        EXPECT_EQ(sink->finish(), FinishReason::kLength);
+      } else {
+        EXPECT_EQ(sink->tokens(), std::vector<int32_t>(full.begin(), full.begin() + first + 1));
+        EXPECT_EQ(sink->finish(), FinishReason::kStop);
+      }
+    }
+  }
+}
+
 TEST_F(EngineTest, CancelEndsASequenceMidGeneration) {
   auto engine = MakeEngine({});
   ASSERT_NE(engine, nullptr);
