@@ -410,24 +410,32 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
 std::string RouterService::AffinityText(const std::string& model,
                                         const v1::GenerateRequest& request) {
   // The model first, then the input in the order the verifier reads it; separators that
-  // prompts do not contain keep one message's end from reading as another's start.
+  // prompts do not contain keep one message's end from reading as another's start. Only what
+  // PrefixAffinity::Keys reads is copied.
+  constexpr size_t kLimit =
+      router::PrefixAffinity::kChunkBytes * router::PrefixAffinity::kMaxChunks;
   std::string text = model;
   text += '\0';
+  auto add = [&text](std::string_view part) {
+    if (text.size() < kLimit) text.append(part.substr(0, kLimit - text.size()));
+  };
   switch (request.input_case()) {
     case v1::GenerateRequest::kPrompt:
-      text += request.prompt();
+      add(request.prompt());
       break;
     case v1::GenerateRequest::kChat:
       for (const v1::ChatMessage& message : request.chat().messages()) {
-        text += message.role();
-        text += '\x1f';
-        text += message.content();
-        text += '\x1e';
+        if (text.size() >= kLimit) break;
+        add(message.role());
+        add("\x1f");
+        add(message.content());
+        add("\x1e");
       }
       break;
     case v1::GenerateRequest::kTokenIds:
       for (int32_t id : request.token_ids().ids()) {
-        text.append(reinterpret_cast<const char*>(&id), sizeof(id));
+        if (text.size() >= kLimit) break;
+        add(std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
       }
       break;
     case v1::GenerateRequest::INPUT_NOT_SET:

@@ -9,7 +9,8 @@
 // K/V rows live in a KvStorage. By default that is HostKvStorage (fp32 pools in host memory,
 // what the CPU forward reads and writes); a model backend may supply its own storage (device
 // pools with the same block indices) through KvCacheOptions::make_storage. Commit describes its
-// row moves to the storage (KvStorage::Commit); Truncate, Reserve and frees move no rows.
+// row moves to the storage (KvStorage::Commit); a Truncate into a shared block copies that
+// block (KvStorage::CopyBlock, below); Reserve and frees move no rows.
 //
 // Prefix caching (KvCacheOptions::prefix_cache): full blocks of committed tokens are indexed by
 // a hash of their whole token prefix (PublishPrefix), and a new sequence takes the longest
