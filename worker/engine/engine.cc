@@ -382,7 +382,7 @@ void Engine::Impl::AttachCachedPrefix(EngineSequence& s) {
   if (limit < options_.kv_block_size) return;
   s.kv_len = kv_.AttachPrefix(static_cast<SeqId>(s.id),
                               std::span<const int32_t>(s.tokens).first(limit), kPrefixSalt);
-  if (s.usage.preemptions == 0) s.usage.cached_tokens = s.kv_len;
+  if (s.usage.preemptions == 0) s.usage.cached_tokens = std::min(s.kv_len, s.prompt_len);
 }
 
 void Engine::Impl::PublishKv(const EngineSequence& s) {

@@ -9,10 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/engine/collecting_sink.h"
 #include "tests/worker/engine/test_draft_channel.h"
 #include "worker/engine/calibration.h"
 #include "worker/engine/engine.h"
@@ -23,41 +22,7 @@ namespace {
 const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
 constexpr char kDrafter[] = "in-process";
 
-class Sink : public SequenceSink {
- public:
-  void OnEvent(SequenceEvent event) override {
-    absl::MutexLock lock(&mu_);
-    tokens_.insert(tokens_.end(), event.tokens.begin(), event.tokens.end());
-    if (event.finish != FinishReason::kNone || !event.error.ok()) {
-      done_ = true;
-      error_ = event.error;
-      usage_ = event.usage;
-    }
-  }
-  bool Wait() {
-    absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Seconds(60));
-  }
-  std::vector<int32_t> tokens() const {
-    absl::MutexLock lock(&mu_);
-    return tokens_;
-  }
-  absl::Status error() const {
-    absl::MutexLock lock(&mu_);
-    return error_;
-  }
-  SequenceUsage usage() const {
-    absl::MutexLock lock(&mu_);
-    return usage_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  SequenceUsage usage_ ABSL_GUARDED_BY(mu_);
-};
+using Sink = testing::CollectingSink;
 
 class EngineCostTest : public ::testing::Test {
  protected:
