@@ -150,9 +150,11 @@ class EngineTest : public ::testing::Test {
     return r.ok() ? r->tokens : std::vector<int32_t>();
   }
 
-  // Submits every job at once and checks each against its reference; returns the sinks.
-  std::vector<std::shared_ptr<CollectingSink>> ExpectMatchesReference(
-      Engine& engine, const std::vector<Job>& jobs) {
+  // Submits every job at once and checks each against its reference; returns the sinks. With
+  // `each_drafts`, every spec or simsd job must have verified drafts.
+  std::vector<std::shared_ptr<CollectingSink>> ExpectMatchesReference(Engine& engine,
+                                                                      const std::vector<Job>& jobs,
+                                                                      bool each_drafts = true) {
     std::vector<std::shared_ptr<CollectingSink>> sinks;
     for (const Job& job : jobs) {
       sinks.push_back(std::make_shared<CollectingSink>());
@@ -170,7 +172,7 @@ class EngineTest : public ::testing::Test {
       EXPECT_NE(sinks[i]->finish(), FinishReason::kCancelled) << label;
       EXPECT_EQ(sinks[i]->usage().completion_tokens, static_cast<int>(sinks[i]->tokens().size()))
           << label;
-      if (jobs[i].mode == "spec" || jobs[i].mode == "simsd") {
+      if (each_drafts && (jobs[i].mode == "spec" || jobs[i].mode == "simsd")) {
         EXPECT_GT(sinks[i]->usage().drafted, 0) << label;
       }
     }
@@ -277,7 +279,12 @@ TEST_F(EngineTest, DyingDrafterLeavesOutputsExactWithoutErrors) {
     channels_made_ = 0;
     auto engine = MakeEngine(options);
     ASSERT_NE(engine, nullptr);
-    ExpectMatchesReference(*engine, Jobs({"spec"}, 4));
+    // The drafter's chains before it fails go to whichever sequences asked first: some may
+    // get none on a loaded machine, so drafting is checked over the batch.
+    const auto sinks = ExpectMatchesReference(*engine, Jobs({"spec"}, 4), /*each_drafts=*/false);
+    int drafted = 0;
+    for (const auto& sink : sinks) drafted += sink->usage().drafted;
+    EXPECT_GT(drafted, 0);
     EXPECT_EQ(channels_made_, 1);
     if (failure == InProcessDraftChannel::Failure::kError) {
       // The broken channel is replaced for the next request.
