@@ -62,6 +62,11 @@ absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& 
           absl::StrCat("stop_token_ids must hold token ids (>= 0), got ", id));
     }
   }
+  if (absl::Status adjust = CheckLogitAdjust(request.adjust, 0); !adjust.ok()) return adjust;
+  if (request.adjust.min_tokens > request.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("min_tokens ", request.adjust.min_tokens,
+                                                   " exceeds max_tokens ", request.max_tokens));
+  }
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "router/verifier_pool.h"
+#include "worker/sampling/logit_adjust.h"
 
 namespace tandem::router {
 
@@ -27,11 +28,13 @@ struct RouterRequest {
   float top_p = 0;
   float min_p = 0;
   std::vector<int32_t> stop_token_ids;  // each checked >= 0; the verifier knows the vocabulary
+  LogitAdjust adjust;  // ranges checked; ids only >= 0 (the verifier knows the vocabulary)
 };
 
 // Checks `request` against `model` (the description of the model it names): an input that is
 // set and not empty, a mode the model serves, 0 < max_tokens < the model's context, sampling
-// parameters within their ranges (top_k -1 means off, as 0 does) and stop token ids >= 0.
+// parameters within their ranges (top_k -1 means off, as 0 does), stop token ids >= 0, and the
+// logit bias, penalties and min_tokens (<= max_tokens) within theirs (CheckLogitAdjust).
 absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& model);
 
 }  // namespace tandem::router

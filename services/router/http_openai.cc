@@ -3,12 +3,15 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "worker/sampling/logit_adjust.h"
 
 namespace tandem::http {
 
@@ -184,8 +187,8 @@ absl::Status RefuseUnsupported(const json& body) {
       !best_of.ok() || (best_of->has_value() && **best_of != 1)) {
     return BadParam("best_of", "only best_of = 1 is supported");
   }
-  for (const char* name : {"logprobs", "top_logprobs", "logit_bias", "tools", "functions",
-                           "tool_choice", "function_call", "response_format", "suffix"}) {
+  for (const char* name : {"logprobs", "top_logprobs", "tools", "functions", "tool_choice",
+                           "function_call", "response_format", "suffix"}) {
     const json* value = Member(body, name);
     if (value == nullptr) continue;
     const bool off = (value->is_boolean() && !value->get<bool>()) ||
@@ -204,13 +207,73 @@ absl::Status RefuseUnsupported(const json& body) {
   if (const json* echo = Member(body, "echo"); echo != nullptr && *echo != false) {
     return BadParam("echo", "echo is not supported by Tandem");
   }
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    absl::StatusOr<std::optional<double>> penalty = NumberParam(body, name);
-    if (!penalty.ok()) return penalty.status();
-    if (penalty->has_value() && **penalty != 0) {
-      return BadParam(name, absl::StrCat(name, " is not supported by Tandem (only 0)"));
+  return absl::OkStatus();
+}
+
+// One field of a LogitAdjust, checked alone so that the refusal names its parameter.
+absl::Status CheckAdjustParam(const char* name, const LogitAdjust& alone) {
+  absl::Status checked = CheckLogitAdjust(alone, 0);
+  return checked.ok() ? checked : BadParam(name, std::string(checked.message()));
+}
+
+absl::Status ParsePenalty(const json& body, const char* name, float LogitAdjust::*field,
+                          v1::SamplingParams* sampling, void (v1::SamplingParams::*set)(float)) {
+  absl::StatusOr<std::optional<double>> value = NumberParam(body, name);
+  if (!value.ok()) return value.status();
+  if (!value->has_value()) return absl::OkStatus();
+  LogitAdjust alone;
+  alone.*field = static_cast<float>(**value);
+  if (absl::Status checked = CheckAdjustParam(name, alone); !checked.ok()) return checked;
+  (sampling->*set)(alone.*field);
+  return absl::OkStatus();
+}
+
+// logit_bias: {"token id": bias, ...} as OpenAI's (the keys are decimal strings).
+absl::Status ParseLogitBias(const json& body, v1::SamplingParams* sampling) {
+  const json* bias = Member(body, "logit_bias");
+  if (bias == nullptr) return absl::OkStatus();
+  if (!bias->is_object()) {
+    return BadParam("logit_bias", "logit_bias must be an object of token id -> bias");
+  }
+  if (bias->size() > static_cast<size_t>(kMaxLogitBias)) {
+    return BadParam("logit_bias", absl::StrCat("logit_bias has ", bias->size(),
+                                               " entries; at most ", kMaxLogitBias));
+  }
+  LogitAdjust alone;
+  for (const auto& [key, value] : bias->items()) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(key, &id) || id < 0) {
+      return BadParam("logit_bias", absl::StrCat("logit_bias key '", key, "' is not a token id"));
+    }
+    if (!value.is_number()) {
+      return BadParam("logit_bias", absl::StrCat("logit_bias for token ", id, " must be a number"));
+    }
+    alone.logit_bias.emplace_back(id, static_cast<float>(value.get<double>()));
+  }
+  if (absl::Status checked = CheckAdjustParam("logit_bias", alone); !checked.ok()) return checked;
+  for (const auto& [id, value] : alone.logit_bias) (*sampling->mutable_logit_bias())[id] = value;
+  return absl::OkStatus();
+}
+
+// presence_penalty, frequency_penalty, repetition_penalty, logit_bias and min_tokens.
+absl::Status ParseLogitAdjust(const json& body, v1::GenerateRequest* request) {
+  v1::SamplingParams* sampling = request->mutable_sampling();
+  for (const auto& [name, field, set] :
+       {std::tuple{"presence_penalty", &LogitAdjust::presence_penalty,
+                   &v1::SamplingParams::set_presence_penalty},
+        std::tuple{"frequency_penalty", &LogitAdjust::frequency_penalty,
+                   &v1::SamplingParams::set_frequency_penalty},
+        std::tuple{"repetition_penalty", &LogitAdjust::repetition_penalty,
+                   &v1::SamplingParams::set_repetition_penalty}}) {
+    if (absl::Status parsed = ParsePenalty(body, name, field, sampling, set); !parsed.ok()) {
+      return parsed;
     }
   }
+  if (absl::Status bias = ParseLogitBias(body, sampling); !bias.ok()) return bias;
+  absl::StatusOr<std::optional<int64_t>> min_tokens =
+      IntegerParam(body, "min_tokens", 0, std::numeric_limits<int32_t>::max());
+  if (!min_tokens.ok()) return min_tokens.status();
+  if (min_tokens->has_value()) request->set_min_tokens(static_cast<int32_t>(**min_tokens));
   return absl::OkStatus();
 }
 
@@ -286,6 +349,7 @@ absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
   if (!seed.ok()) return seed.status();
   if (seed->has_value()) sampling->set_seed(static_cast<uint64_t>(**seed));
 
+  if (absl::Status adjust = ParseLogitAdjust(body, &request); !adjust.ok()) return adjust;
   if (absl::Status stop = ParseStop(body, &request); !stop.ok()) return stop;
   if (const json* ignore_eos = Member(body, "ignore_eos"); ignore_eos != nullptr) {
     if (!ignore_eos->is_boolean())

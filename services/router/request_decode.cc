@@ -1,6 +1,7 @@
 #include "services/router/request_decode.h"
 
 #include "common/status_macros.h"
+#include "services/common/logit_adjust_proto.h"
 #include "services/common/proto_decode.h"
 
 namespace tandem {
@@ -39,6 +40,7 @@ router::RouterRequest ToRouterRequest(const v1::GenerateRequest& request) {
   out.top_p = request.sampling().top_p();
   out.min_p = request.sampling().min_p();
   out.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  out.adjust = ToLogitAdjust(request);
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/version.h"
+#include "services/common/logit_adjust_proto.h"
 #include "services/common/proto_decode.h"
 #include "worker/sampling/sampling.h"
 
@@ -343,6 +344,8 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
   }
   out.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   out.ignore_eos = request.ignore_eos();
+  // Checked by Engine::Submit, against the vocabulary.
+  out.adjust = ToLogitAdjust(request);
   out.mode = request.mode();
   out.committed.assign(verify.committed_token_ids().begin(), verify.committed_token_ids().end());
   out.drafter = verify.drafter();

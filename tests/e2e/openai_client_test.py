@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end: the official OpenAI Python client against a local cluster started with `tandem up`.
 
-Completions and chat, whole and streamed, the model list, and errors mapped to the client's
-exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
+Completions and chat, whole and streamed, the model list, penalties and logit bias (lossless
+modes exact with them), and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
 the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
 
     .venv-e2e/bin/python openai_client_test.py --tandem build/services/cli/tandem
@@ -83,8 +83,8 @@ class OpenAIClientTest(unittest.TestCase):
             raise
         assert status == 0, f"tandem up exited with status {status} after SIGTERM"
 
-    def complete(self, **kwargs):
-        return self.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16,
+    def complete(self, max_tokens=16, **kwargs):
+        return self.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=max_tokens,
                                               temperature=0, extra_body={"mode": "ar"}, **kwargs)
 
     def test_models(self):
@@ -136,6 +136,23 @@ class OpenAIClientTest(unittest.TestCase):
         with_choices = [chunk for chunk in chunks if chunk.choices]
         self.assertIn(with_choices[-1].choices[0].finish_reason, ("stop", "length"))
         self.assertEqual(chunks[-1].usage.total_tokens, whole.usage.total_tokens)
+
+    def test_penalties_change_the_output_and_keep_lossless_modes_exact(self):
+        plain = self.complete(max_tokens=32).choices[0].text
+        adjusted = {}
+        for mode in ("ar", "spec", "jacobi", "self_spec", "self_spec_quadratic"):
+            adjusted[mode] = self.client.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=32, temperature=0, presence_penalty=0.8,
+                frequency_penalty=1.0, logit_bias={"11": -5},
+                extra_body={"mode": mode, "repetition_penalty": 1.2, "min_tokens": 8},
+            ).choices[0].text
+        self.assertNotEqual(adjusted["ar"], plain)
+        for mode, text in adjusted.items():
+            self.assertEqual(text, adjusted["ar"], f"{mode} with penalties differs from ar")
+
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(presence_penalty=2.5)
+        self.assertEqual(caught.exception.param, "presence_penalty")
 
     def test_errors_map_to_client_exceptions(self):
         wrong_key = openai.OpenAI(base_url=self.base_url, api_key="not-the-key", max_retries=0)

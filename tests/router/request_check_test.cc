@@ -105,5 +105,21 @@ TEST(RequestCheckTest, RefusesNegativeStopTokenIds) {
   EXPECT_EQ(Check(r), "stop_token_ids must hold token ids (>= 0), got -1");
 }
 
+TEST(RequestCheckTest, RefusesLogitAdjustmentsPastTheirBounds) {
+  RouterRequest r = Good();
+  r.adjust = {.presence_penalty = -2, .frequency_penalty = 2, .repetition_penalty = 10};
+  r.adjust.logit_bias = {{1 << 30, 100}};  // ids past the vocabulary are the verifier's to refuse
+  r.adjust.min_tokens = 16;
+  EXPECT_EQ(Check(r), "");
+  r.adjust.min_tokens = 17;
+  EXPECT_EQ(Check(r), "min_tokens 17 exceeds max_tokens 16");
+  r = Good();
+  r.adjust.presence_penalty = 2.5f;
+  EXPECT_NE(Check(r).find("presence_penalty must be within"), std::string::npos);
+  r = Good();
+  r.adjust.logit_bias = {{-1, 1}};
+  EXPECT_NE(Check(r).find("logit_bias names token -1"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem::router

@@ -3,6 +3,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/decoding/logit_adjust_step.h"
 
 namespace tandem {
 
@@ -13,12 +14,15 @@ absl::StatusOr<RunStats> RunSequence(Transformer& model, KvCache& kv, SeqId seq,
     return absl::InvalidArgumentError(
         absl::StrCat("max_tokens must be positive, got ", options.max_tokens));
   }
+  TANDEM_RETURN_IF_ERROR(CheckLogitAdjust(options.adjust, model.config().vocab_size));
   TANDEM_RETURN_IF_ERROR(kv.AddSequence(seq));
   absl::Cleanup remove = [&] { kv.RemoveSequence(seq); };
 
   RunStats stats;
   std::vector<int32_t> tokens(prompt.begin(), prompt.end());
   int kv_len = 0;
+  const bool adjusted = options.adjust.active();
+  TokenHistory history;
   while (true) {
     if (options.cancelled && options.cancelled()) {
       stats.finish = FinishReason::kCancelled;
@@ -30,6 +34,7 @@ absl::StatusOr<RunStats> RunSequence(Transformer& model, KvCache& kv, SeqId seq,
                       .budget = options.max_tokens - static_cast<int>(stats.tokens.size()),
                       .sampling = &options.sampling};
     StepPlan plan = mode.Plan(state);
+    if (adjusted) ReturnLogits(&plan);
     const int n = static_cast<int>(plan.tokens.size());
     if (!kv.Reserve(seq, n)) {
       return absl::ResourceExhaustedError(
@@ -46,6 +51,10 @@ absl::StatusOr<RunStats> RunSequence(Transformer& model, KvCache& kv, SeqId seq,
                   .return_logits = plan.return_logits};
     TANDEM_ASSIGN_OR_RETURN(std::vector<ExtendOutput> out, model.Forward({&extend, 1}, kv));
     ++stats.forwards;
+    if (adjusted) {
+      TANDEM_RETURN_IF_ERROR(AdjustStepLogits(options.adjust, state, plan,
+                                              model.config().vocab_size, &history, &out[0]));
+    }
     TANDEM_ASSIGN_OR_RETURN(StepResult result, mode.Consume(state, plan, out[0]));
     TANDEM_RETURN_IF_ERROR(CheckStep(state, plan, result, mode.name()));
     TANDEM_RETURN_IF_ERROR(kv.Commit(seq, result.keep));

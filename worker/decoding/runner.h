@@ -12,6 +12,7 @@
 #include "worker/decoding/decoding_mode.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/transformer.h"
+#include "worker/sampling/logit_adjust.h"
 #include "worker/sampling/stop.h"
 
 namespace tandem {
@@ -32,6 +33,9 @@ struct RunStats {
 struct RunOptions {
   int max_tokens = 0;  // > 0
   SamplingParams sampling;
+  // Logit bias and penalties, applied to every step's rows (logit_adjust_step.h); the caller
+  // fills min_tokens_ban. Checked like the engine does (CheckLogitAdjust).
+  LogitAdjust adjust;
   // Called for each new token in order; returns true to end the sequence there (a stop token
   // or stop string was reached). The token passed is already counted in RunStats::tokens.
   std::function<bool(int32_t)> on_token;

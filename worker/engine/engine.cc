@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "worker/decoding/logit_adjust_step.h"
 #include "worker/decoding/modes.h"
 #include "worker/engine/engine_impl.h"
 
@@ -74,6 +75,11 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
   if (sink == nullptr) return absl::InvalidArgumentError("request has no sink for its events");
   TANDEM_ASSIGN_OR_RETURN(SeqPtr seq, BuildSequence(request));
   TANDEM_RETURN_IF_ERROR(CheckSamplingParams(request.sampling));
+  TANDEM_RETURN_IF_ERROR(CheckLogitAdjust(request.adjust, model_->model->config().vocab_size));
+  if (request.adjust.min_tokens > request.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("min_tokens ", request.adjust.min_tokens,
+                                                   " exceeds max_tokens ", request.max_tokens));
+  }
   std::string mode_name = request.mode;
   if (mode_name.empty() || mode_name == "auto") mode_name = options_.default_mode;
   // Every client-controlled size is bounded before a mode exists to plan with it.
@@ -145,6 +151,9 @@ absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest
                              request.stop_token_ids.end());
   stop.stop_strings = request.stop_strings;
   stop.max_tokens = static_cast<int>(request.committed.size()) + seq.max_new;
+  stop.min_tokens = request.adjust.min_tokens;
+  seq.adjust = request.adjust;
+  seq.adjust.min_tokens_ban = stop.stop_token_ids;
   seq.checker = std::make_unique<StopChecker>(std::move(stop));
   seq.detok = std::make_unique<IncrementalDetokenizer>(*model_->tokenizer);
   // Migrated tokens continue the stop-string and UTF-8 state silently: they were streamed.
@@ -408,6 +417,7 @@ std::optional<Engine::Impl::Planned> Engine::Impl::PlanSequence(const SeqPtr& se
                    static_cast<int>(seq->tokens.size()) < context_;
     if (seq->drafter != nullptr) seq->drafter->set_limit(seq->step_gamma);
     p.plan = seq->mode->Plan(p.state);
+    if (seq->adjust.active()) ReturnLogits(&p.plan);
     // A step that drafts nothing by design (simsd's completion steps) is no fallback.
     p.draft_step = p.draft_step && seq->mode->last_plan_wanted_drafts();
   }
@@ -515,6 +525,14 @@ void Engine::Impl::CommitPrefill(Planned& p, const ExtendOutput& out) {
 std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, ExtendOutput& out,
                                                                  absl::Time step_start) {
   EngineSequence& s = *p.seq;
+  if (s.adjust.active()) {
+    absl::Status adjusted = AdjustStepLogits(s.adjust, p.state, p.plan,
+                                             model_->model->config().vocab_size, &s.history, &out);
+    if (!adjusted.ok()) {
+      Finish(p.seq, FinishReason::kNone, adjusted);
+      return std::nullopt;
+    }
+  }
   // The mode sees exactly the taps it asked for.
   ExtendOutput view;
   const ExtendOutput* mode_out = &out;

@@ -25,6 +25,7 @@
 #include "worker/engine/engine_observer.h"
 #include "worker/engine/local_generator.h"
 #include "worker/kv/kv_cache.h"
+#include "worker/sampling/logit_adjust.h"
 #include "worker/sampling/sampling.h"
 #include "worker/sampling/stop.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -82,7 +83,10 @@ struct SequenceRequest {
   std::vector<std::string> stop_strings;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   bool ignore_eos = false;              // the model's EOS ids do not stop the sequence
-  std::string drafter;                  // drafter address for `spec`; "" = the engine's default
+  // Logit bias, penalties and min_tokens (its ban list is the engine's: the stop tokens, so
+  // leave min_tokens_ban empty). min_tokens also holds stop strings back until it is reached.
+  LogitAdjust adjust;
+  std::string drafter;  // drafter address for `spec`; "" = the engine's default
   absl::Time deadline = absl::InfiniteFuture();
 };
 

@@ -35,6 +35,8 @@ struct EngineSequence {
   std::string mode_name;
   bool lossless = true;
   SamplingParams sampling;
+  LogitAdjust adjust;    // active(): every step returns logits and they are adjusted on the host
+  TokenHistory history;  // the counts `adjust` reads
 
   std::vector<int32_t> tokens;  // prompt, migrated tokens, then generated tokens: all final
   int prompt_len = 0;

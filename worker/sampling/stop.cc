@@ -36,8 +36,9 @@ StopChecker::Step StopChecker::Push(int32_t token, std::string_view text) {
   ++tokens_seen_;
 
   // A stop token ends the stream without its own text; what was held back is ordinary output.
-  if (std::find(conditions_.stop_token_ids.begin(), conditions_.stop_token_ids.end(), token) !=
-      conditions_.stop_token_ids.end()) {
+  if (tokens_seen_ > conditions_.min_tokens &&
+      std::find(conditions_.stop_token_ids.begin(), conditions_.stop_token_ids.end(), token) !=
+          conditions_.stop_token_ids.end()) {
     step.text = std::exchange(held_, {});
     step.finish = FinishReason::kStop;
     finished_ = true;
@@ -62,7 +63,7 @@ StopChecker::Step StopChecker::Push(int32_t token, std::string_view text) {
       match_end = end;
     }
   }
-  if (match_start != std::string::npos) {
+  if (match_start != std::string::npos && tokens_seen_ >= conditions_.min_tokens) {
     held_.resize(match_start);
     step.text = std::exchange(held_, {});
     step.finish = FinishReason::kStop;

@@ -17,6 +17,9 @@ struct StopConditions {
   std::vector<int32_t> stop_token_ids;  // including the model's EOS ids
   std::vector<std::string> stop_strings;
   int max_tokens = 0;  // > 0
+  // Stop tokens end the stream only after this many tokens, stop strings only once this many
+  // tokens are out (vLLM's min_tokens; the sampler keeps stop tokens from being drawn before).
+  int min_tokens = 0;
 };
 
 // Feeds committed tokens and their text deltas one token at a time. Text that could still be

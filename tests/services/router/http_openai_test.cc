@@ -50,6 +50,29 @@ TEST(HttpOpenAiTest, CompletionWithEveryParameter) {
   EXPECT_TRUE(parsed->include_usage);
 }
 
+TEST(HttpOpenAiTest, PenaltiesLogitBiasAndMinTokens) {
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(
+      Api::kChat, R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5,
+          "frequency_penalty": -1.5, "repetition_penalty": 1.2, "min_tokens": 4,
+          "logit_bias": {"17": -100, "3": 2.5}})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const v1::GenerateRequest& request = parsed->request;
+  EXPECT_FLOAT_EQ(request.sampling().presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(request.sampling().frequency_penalty(), -1.5f);
+  EXPECT_FLOAT_EQ(request.sampling().repetition_penalty(), 1.2f);
+  EXPECT_EQ(request.min_tokens(), 4);
+  ASSERT_EQ(request.sampling().logit_bias().size(), 2u);
+  EXPECT_FLOAT_EQ(request.sampling().logit_bias().at(17), -100.0f);
+  EXPECT_FLOAT_EQ(request.sampling().logit_bias().at(3), 2.5f);
+  // More than 300 entries is refused before any is read.
+  std::string many = R"({"prompt": "x", "logit_bias": {)";
+  for (int i = 0; i <= 300; ++i) many += (i ? ", " : "") + ("\"" + std::to_string(i) + "\": 1");
+  many += "}}";
+  absl::Status status = ParseError(Api::kCompletions, many);
+  EXPECT_EQ(ParamOf(status), "logit_bias");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("at most 300"));
+}
+
 TEST(HttpOpenAiTest, CompletionDefaultsFollowOpenAi) {
   absl::StatusOr<ParsedRequest> parsed =
       ParseRequest(Api::kCompletions, R"({"prompt": "hi", "stop": "x"})");
@@ -118,7 +141,15 @@ TEST(HttpOpenAiTest, RefusalsNameTheParameter) {
       {Api::kCompletions, R"({"prompt": "x", "best_of": 3})", "best_of"},
       {Api::kCompletions, R"({"prompt": "x", "logprobs": 2})", "logprobs"},
       {Api::kCompletions, R"({"prompt": "x", "echo": true})", "echo"},
-      {Api::kCompletions, R"({"prompt": "x", "frequency_penalty": 0.5})", "frequency_penalty"},
+      {Api::kCompletions, R"({"prompt": "x", "frequency_penalty": 2.5})", "frequency_penalty"},
+      {Api::kCompletions, R"({"prompt": "x", "presence_penalty": "high"})", "presence_penalty"},
+      {Api::kCompletions, R"({"prompt": "x", "repetition_penalty": 0})", "repetition_penalty"},
+      {Api::kCompletions, R"({"prompt": "x", "logit_bias": [1]})", "logit_bias"},
+      {Api::kCompletions, R"({"prompt": "x", "logit_bias": {"a": 1}})", "logit_bias"},
+      {Api::kCompletions, R"({"prompt": "x", "logit_bias": {"-3": 1}})", "logit_bias"},
+      {Api::kCompletions, R"({"prompt": "x", "logit_bias": {"3": 101}})", "logit_bias"},
+      {Api::kCompletions, R"({"prompt": "x", "logit_bias": {"3": "up"}})", "logit_bias"},
+      {Api::kCompletions, R"({"prompt": "x", "min_tokens": -1})", "min_tokens"},
       {Api::kCompletions, R"({"prompt": ["a", "b"]})", "prompt"},
       {Api::kCompletions, R"({"prompt": 3})", "prompt"},
       {Api::kCompletions, R"({"prompt": [1, -2]})", "prompt"},

@@ -52,6 +52,11 @@ TEST_F(ToSequenceRequestTest, CopiesEveryField) {
   r.add_stop("\n\n");
   r.add_stop_token_ids(7);
   r.set_ignore_eos(true);
+  r.mutable_sampling()->set_presence_penalty(0.5f);
+  r.mutable_sampling()->set_frequency_penalty(0.25f);
+  (*r.mutable_sampling()->mutable_logit_bias())[9] = -4.0f;
+  (*r.mutable_sampling()->mutable_logit_bias())[3] = 1.0f;
+  r.set_min_tokens(2);
   request_.add_committed_token_ids(11);
   request_.add_committed_token_ids(12);
   request_.set_drafter("127.0.0.1:9");
@@ -69,6 +74,12 @@ TEST_F(ToSequenceRequestTest, CopiesEveryField) {
   EXPECT_THAT(out->stop_strings, ElementsAre("\n\n"));
   EXPECT_THAT(out->stop_token_ids, ElementsAre(7));
   EXPECT_TRUE(out->ignore_eos);
+  EXPECT_FLOAT_EQ(out->adjust.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(out->adjust.frequency_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(out->adjust.repetition_penalty, 1.0f);  // 0 on the wire: off
+  EXPECT_THAT(out->adjust.logit_bias,
+              ElementsAre(std::pair<int32_t, float>{3, 1.0f}, std::pair<int32_t, float>{9, -4.0f}));
+  EXPECT_EQ(out->adjust.min_tokens, 2);
   EXPECT_THAT(out->committed, ElementsAre(11, 12));
   EXPECT_EQ(out->drafter, "127.0.0.1:9");
   EXPECT_EQ(out->mode_options.spec_gamma, 6);

@@ -221,5 +221,27 @@ TEST(StopCheckerTest, OutputIndependentOfTokenBoundaries) {
   }
 }
 
+TEST(StopCheckerTest, MinTokensHoldsStopsBackUntilReached) {
+  // Stop strings count once min_tokens tokens are out (the token that reaches it included).
+  StopConditions strings = Conditions({"ab"});
+  strings.min_tokens = 3;
+  const Streamed early = Stream(strings, {"ab", "x", "ab", "y"});
+  EXPECT_EQ(early.finish, FinishReason::kStop);
+  EXPECT_EQ(early.finished_at, 2);
+  EXPECT_EQ(early.text, "abx");
+  // A match that began before min_tokens and ends after it counts.
+  const Streamed straddling = Stream(strings, {"x", "a", "b"});
+  EXPECT_EQ(straddling.finished_at, 2);
+  EXPECT_EQ(straddling.text, "x");
+
+  // A stop token counts from the token after the min_tokens-th.
+  StopConditions tokens = Conditions({});
+  tokens.min_tokens = 2;
+  StopChecker checker(tokens);
+  EXPECT_EQ(checker.Push(kEos, "").finish, FinishReason::kNone);
+  EXPECT_EQ(checker.Push(kEos, "").finish, FinishReason::kNone);
+  EXPECT_EQ(checker.Push(kEos, "").finish, FinishReason::kStop);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -1,0 +1,25 @@
+// A request's logit adjustments (worker/sampling/logit_adjust.h) applied to a mode's step, so
+// that every mode samples and verifies against the adjusted distribution. Each output row is
+// adjusted for the context it was computed in: the sequence's tokens up to the row's position
+// and the plan's tokens past the sequence that the row attends to (a verify pass's drafts on
+// its path). A verify row whose drafts all hold therefore sees exactly the context the AR
+// decode would have had at that position, and a lossless mode stays exact.
+#pragma once
+
+#include "absl/status/status.h"
+#include "worker/decoding/decoding_mode.h"
+#include "worker/sampling/logit_adjust.h"
+
+namespace tandem {
+
+// Makes `plan` return its output rows' logits instead of tokens sampled on the model's device:
+// an adjusted sequence samples on the host, from the adjusted rows.
+void ReturnLogits(StepPlan* plan);
+
+// Adjusts `out`'s logits, row by row, for a step of `state` planned as `plan`; `history` is
+// brought up to the state's tokens. Internal when `out` lacks logits for the plan's outputs.
+absl::Status AdjustStepLogits(const LogitAdjust& adjust, const DecodeState& state,
+                              const StepPlan& plan, int vocab_size, TokenHistory* history,
+                              ExtendOutput* out);
+
+}  // namespace tandem
