@@ -89,6 +89,18 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
   TANDEM_ASSIGN_OR_RETURN(seq->mode, MakeMode(mode_name, request, seq.get()));
   seq->mode_name = std::string(seq->mode->name());
   seq->lossless = seq->mode->lossless();
+  if (request.logprobs) {
+    if (request.top_logprobs < 0 || request.top_logprobs > kMaxTopLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "top_logprobs must be within [0, ", kMaxTopLogprobs, "], got ", request.top_logprobs));
+    }
+    if (!seq->lossless) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logprobs are the target's AR log-probabilities, which mode ",
+                       seq->mode_name, " (lossy) does not compute; ask for a lossless mode"));
+    }
+    seq->top_logprobs = request.top_logprobs;
+  }
   seq->sampling = request.sampling;
   TANDEM_RETURN_IF_ERROR(SetUpStops(*seq, request));
   seq->deadline = request.deadline;
@@ -417,7 +429,7 @@ std::optional<Engine::Impl::Planned> Engine::Impl::PlanSequence(const SeqPtr& se
                    static_cast<int>(seq->tokens.size()) < context_;
     if (seq->drafter != nullptr) seq->drafter->set_limit(seq->step_gamma);
     p.plan = seq->mode->Plan(p.state);
-    if (seq->adjust.active()) ReturnLogits(&p.plan);
+    if (seq->adjust.active() || seq->top_logprobs >= 0) ReturnLogits(&p.plan);
     // A step that drafts nothing by design (simsd's completion steps) is no fallback.
     p.draft_step = p.draft_step && seq->mode->last_plan_wanted_drafts();
   }
@@ -585,25 +597,39 @@ std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, Ext
       options_.observer->OnFallback(s.chain.enabled ? "late" : "drafter_down");
     }
   }
-  Emit(p.seq, result->append, rows);
+  std::vector<TokenLogprob> logprobs;
+  if (s.top_logprobs >= 0) {
+    absl::StatusOr<std::vector<TokenLogprob>> read = StepLogprobs(
+        p.state, p.plan, out, model_->model->config().vocab_size, result->append, s.top_logprobs);
+    if (!read.ok()) {
+      Finish(p.seq, FinishReason::kNone, read.status());
+      return std::nullopt;
+    }
+    logprobs = *std::move(read);
+  }
+  Emit(p.seq, result->append, rows, std::move(logprobs));
   return observed;
 }
 
 // Emit: the new tokens join the sequence and its stream, the drafter hears of them, and a stop
 // or the budget finishes the sequence.
-void Engine::Impl::Emit(const SeqPtr& seq, std::span<const int32_t> append,
-                        const HiddenRows& rows) {
+void Engine::Impl::Emit(const SeqPtr& seq, std::span<const int32_t> append, const HiddenRows& rows,
+                        std::vector<TokenLogprob> logprobs) {
   EngineSequence& s = *seq;
   Emitted e = AppendTokens(s, append);
+  // Tokens past a stop are not emitted, nor their logprobs.
+  if (logprobs.size() > e.tokens.size()) logprobs.resize(e.tokens.size());
   if (!e.tokens.empty() && s.usage.ttft_seconds == 0) {
     s.usage.ttft_seconds = Seconds(absl::Now() - s.submitted);
   }
   if (!e.error.ok()) {
-    Finish(seq, FinishReason::kNone, e.error, std::move(e.tokens), std::move(e.text));
+    Finish(seq, FinishReason::kNone, e.error, std::move(e.tokens), std::move(e.text),
+           std::move(logprobs));
     return;
   }
   if (e.finish != FinishReason::kNone) {
-    Finish(seq, e.finish, absl::OkStatus(), std::move(e.tokens), std::move(e.text));
+    Finish(seq, e.finish, absl::OkStatus(), std::move(e.tokens), std::move(e.text),
+           std::move(logprobs));
     return;
   }
   if (s.spec && s.session_open && s.chain.enabled && (!e.tokens.empty() || !rows.empty())) {
@@ -615,6 +641,7 @@ void Engine::Impl::Emit(const SeqPtr& seq, std::span<const int32_t> append,
   if (!e.tokens.empty() || !e.text.empty()) {
     SequenceEvent event;
     event.tokens = std::move(e.tokens);
+    event.logprobs = std::move(logprobs);
     event.text = std::move(e.text);
     event.mode = s.mode_name;
     event.lossless = s.lossless;
@@ -645,7 +672,8 @@ void Engine::Impl::Account(const StepBatch& batch, const ModeCounts& residents,
 }
 
 void Engine::Impl::Finish(const SeqPtr& seq, FinishReason reason, absl::Status error,
-                          std::vector<int32_t> tokens, std::string text) {
+                          std::vector<int32_t> tokens, std::string text,
+                          std::vector<TokenLogprob> logprobs) {
   EngineSequence& s = *seq;
   if (reason != FinishReason::kStop) {
     // Text held back for a possible stop string, and a character cut short.
@@ -671,6 +699,7 @@ void Engine::Impl::Finish(const SeqPtr& seq, FinishReason reason, absl::Status e
   }
   SequenceEvent event;
   event.tokens = std::move(tokens);
+  event.logprobs = std::move(logprobs);
   event.text = std::move(text);
   event.finish = reason;
   event.error = std::move(error);

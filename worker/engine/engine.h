@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/cost_model.h"
 #include "worker/decoding/modes.h"
+#include "worker/decoding/token_logprobs.h"
 #include "worker/engine/draft_channel.h"
 #include "worker/engine/engine_observer.h"
 #include "worker/engine/local_generator.h"
@@ -86,6 +87,10 @@ struct SequenceRequest {
   // Logit bias, penalties and min_tokens (its ban list is the engine's: the stop tokens, so
   // leave min_tokens_ban empty). min_tokens also holds stop strings back until it is reached.
   LogitAdjust adjust;
+  // Stream each completion token's log-probability (worker/decoding/token_logprobs.h) with
+  // `top_logprobs` (0..kMaxTopLogprobs) alternatives. Lossless modes only.
+  bool logprobs = false;
+  int top_logprobs = 0;
   std::string drafter;  // drafter address for `spec`; "" = the engine's default
   absl::Time deadline = absl::InfiniteFuture();
 };
@@ -105,8 +110,9 @@ struct SequenceUsage {
 
 // One message to a request's sink. The last one has `finish` set (or a non-OK `error`).
 struct SequenceEvent {
-  std::vector<int32_t> tokens;  // newly committed completion tokens
-  std::string text;             // text delta (whole UTF-8 characters; stop strings withheld)
+  std::vector<int32_t> tokens;         // newly committed completion tokens
+  std::vector<TokenLogprob> logprobs;  // one per token when the request asked for logprobs
+  std::string text;                    // text delta (whole UTF-8 characters; stop strings withheld)
   FinishReason finish = FinishReason::kNone;
   absl::Status error;  // the sequence failed (an engine bug or a lost model)
   std::string mode;

@@ -35,8 +35,9 @@ struct EngineSequence {
   std::string mode_name;
   bool lossless = true;
   SamplingParams sampling;
-  LogitAdjust adjust;    // active(): every step returns logits and they are adjusted on the host
-  TokenHistory history;  // the counts `adjust` reads
+  LogitAdjust adjust;     // active(): every step returns logits and they are adjusted on the host
+  TokenHistory history;   // the counts `adjust` reads
+  int top_logprobs = -1;  // >= 0: each token's logprob and this many alternatives are streamed
 
   std::vector<int32_t> tokens;  // prompt, migrated tokens, then generated tokens: all final
   int prompt_len = 0;
@@ -180,12 +181,14 @@ class Engine::Impl {
   void CommitPrefill(Planned& p, const ExtendOutput& out);
   std::optional<SequenceObservation> ConsumeModeStep(Planned& p, ExtendOutput& out,
                                                      absl::Time step_start);
-  void Emit(const SeqPtr& seq, std::span<const int32_t> append, const HiddenRows& rows);
+  void Emit(const SeqPtr& seq, std::span<const int32_t> append, const HiddenRows& rows,
+            std::vector<TokenLogprob> logprobs);
   void Account(const StepBatch& batch, const ModeCounts& residents,
                std::span<const SequenceObservation> observed, absl::Time step_start);
   void Preempt(const SeqPtr& seq);
   void Finish(const SeqPtr& seq, FinishReason reason, absl::Status error,
-              std::vector<int32_t> tokens = {}, std::string text = {});
+              std::vector<int32_t> tokens = {}, std::string text = {},
+              std::vector<TokenLogprob> logprobs = {});
   void DisableDrafting(EngineSequence& seq, absl::Status why);
   void PlanHiddenTaps(Planned& p) const;
   // Prefix caching (EngineOptions::prefix_cache): a sequence with no KV takes the longest

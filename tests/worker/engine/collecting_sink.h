@@ -19,6 +19,7 @@ class CollectingSink : public SequenceSink {
     ++events_;
     if (!event.error.ok()) ++errors_;
     tokens_.insert(tokens_.end(), event.tokens.begin(), event.tokens.end());
+    logprobs_.insert(logprobs_.end(), event.logprobs.begin(), event.logprobs.end());
     text_ += event.text;
     if (done_) ++after_done_;
     if (event.finish != FinishReason::kNone || !event.error.ok()) {
@@ -53,6 +54,10 @@ class CollectingSink : public SequenceSink {
     absl::MutexLock lock(&mu_);
     return tokens_;
   }
+  std::vector<TokenLogprob> logprobs() const {
+    absl::MutexLock lock(&mu_);
+    return logprobs_;
+  }
   std::string text() const {
     absl::MutexLock lock(&mu_);
     return text_;
@@ -85,6 +90,7 @@ class CollectingSink : public SequenceSink {
  private:
   mutable absl::Mutex mu_;
   std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  std::vector<TokenLogprob> logprobs_ ABSL_GUARDED_BY(mu_);
   std::string text_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool backlogged_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,9 +1,12 @@
-// Logit bias, penalties and min_tokens through the engine on the bundled target model: AR with
+// What requests do to the target's logits and read from them, through the engine on the bundled
+// target model. Logit bias, penalties and min_tokens: AR with
 // them equals a hand-written decode loop that adjusts each step's logits from their definitions
 // (tests/worker/sampling/logit_adjust_reference.h); every lossless mode reproduces that AR output
 // exactly with them on, in one mixed batch; lossy modes run with them; min_tokens holds stop
-// tokens back and the adjustments change the output.
+// tokens back and the adjustments change the output. Logprobs: every lossless mode streams
+// AR's, the log-softmax of the (adjusted) row, without changing a token.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -29,7 +32,7 @@ constexpr int kNewTokens = 40;
 constexpr int kPrompts = 6;
 constexpr char kDrafter[] = "in-process";
 
-class EngineLogitAdjustTest : public ::testing::Test {
+class EngineLogitsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(kModelDir + "/config.json")) return;
@@ -101,7 +104,8 @@ class EngineLogitAdjustTest : public ::testing::Test {
   // the definitions; ends at a stop token (which the engine's token stream includes, as here) or
   // after kNewTokens.
   static std::vector<int32_t> HandDecode(int prompt, LogitAdjust adjust,
-                                         const std::vector<int32_t>& stop_token_ids) {
+                                         const std::vector<int32_t>& stop_token_ids,
+                                         std::vector<float>* logprobs = nullptr) {
     adjust.min_tokens_ban = stop_token_ids;
     Transformer& model = *model_->model;
     const int vocab = model.config().vocab_size;
@@ -129,6 +133,11 @@ class EngineLogitAdjustTest : public ::testing::Test {
           adjust, std::vector<float>((*out)[0].logits.begin(), (*out)[0].logits.begin() + vocab),
           prompt_ids, generated);
       const int32_t token = Argmax(row);
+      if (logprobs != nullptr) {
+        double sum = 0;
+        for (float x : row) sum += std::exp(static_cast<double>(x) - row[token]);
+        logprobs->push_back(static_cast<float>(-std::log(sum)));
+      }
       generated.push_back(token);
       if (std::find(stop_token_ids.begin(), stop_token_ids.end(), token) != stop_token_ids.end()) {
         break;
@@ -138,32 +147,50 @@ class EngineLogitAdjustTest : public ::testing::Test {
     return generated;
   }
 
-  // Submits every request at once; returns each output, every one checked to have no error.
-  static std::vector<std::vector<int32_t>> RunAll(Engine& engine,
-                                                  const std::vector<SequenceRequest>& requests) {
+  // Submits every request at once; returns each one's sink, every one checked to have ended
+  // without an error.
+  static std::vector<std::shared_ptr<CollectingSink>> Submit(
+      Engine& engine, const std::vector<SequenceRequest>& requests) {
     std::vector<std::shared_ptr<CollectingSink>> sinks;
     for (const SequenceRequest& r : requests) {
       sinks.push_back(std::make_shared<CollectingSink>());
       absl::StatusOr<uint64_t> id = engine.Submit(r, sinks.back());
       EXPECT_TRUE(id.ok()) << id.status();
     }
-    std::vector<std::vector<int32_t>> outputs;
     for (size_t i = 0; i < sinks.size(); ++i) {
       EXPECT_TRUE(sinks[i]->Wait());
       EXPECT_TRUE(sinks[i]->error().ok()) << requests[i].mode << ": " << sinks[i]->error();
-      outputs.push_back(sinks[i]->tokens());
     }
+    return sinks;
+  }
+
+  // Each request's output tokens (Submit).
+  static std::vector<std::vector<int32_t>> RunAll(Engine& engine,
+                                                  const std::vector<SequenceRequest>& requests) {
+    std::vector<std::vector<int32_t>> outputs;
+    for (const auto& sink : Submit(engine, requests)) outputs.push_back(sink->tokens());
     return outputs;
+  }
+
+  // The modes that are lossless under the requests' options.
+  static std::vector<std::string> LosslessModes() {
+    std::vector<std::string> lossless;
+    for (const std::string& mode : ImplementedModes()) {
+      absl::StatusOr<std::unique_ptr<DecodingMode>> created = CreateMode(
+          mode, Request(mode, 0, {}).mode_options, model_->model->config(), SamplingParams{});
+      if (created.ok() && (*created)->lossless()) lossless.push_back(mode);
+    }
+    return lossless;
   }
 
   static LoadedModel* model_;
   static std::vector<std::vector<int32_t>>* prompts_;
 };
 
-LoadedModel* EngineLogitAdjustTest::model_ = nullptr;
-std::vector<std::vector<int32_t>>* EngineLogitAdjustTest::prompts_ = nullptr;
+LoadedModel* EngineLogitsTest::model_ = nullptr;
+std::vector<std::vector<int32_t>>* EngineLogitsTest::prompts_ = nullptr;
 
-TEST_F(EngineLogitAdjustTest, ArEqualsTheDefinitionsAndTheAdjustmentsChangeTheOutput) {
+TEST_F(EngineLogitsTest, ArEqualsTheDefinitionsAndTheAdjustmentsChangeTheOutput) {
   auto engine = MakeEngine();
   ASSERT_NE(engine, nullptr);
   std::vector<SequenceRequest> requests;
@@ -182,19 +209,10 @@ TEST_F(EngineLogitAdjustTest, ArEqualsTheDefinitionsAndTheAdjustmentsChangeTheOu
   EXPECT_EQ(changed, kPrompts);
 }
 
-TEST_F(EngineLogitAdjustTest, EveryLosslessModeReproducesAdjustedArInOneBatch) {
+TEST_F(EngineLogitsTest, EveryLosslessModeReproducesAdjustedArInOneBatch) {
   auto engine = MakeEngine();
   ASSERT_NE(engine, nullptr);
-  const ModelConfig& config = model_->model->config();
-  std::vector<std::string> lossless;
-  std::vector<std::string> lossy;
-  for (const std::string& mode : ImplementedModes()) {
-    absl::StatusOr<std::unique_ptr<DecodingMode>> created =
-        CreateMode(mode, Request(mode, 0, {}).mode_options, config, SamplingParams{});
-    // Modes this model cannot run (none today) are not this test's concern.
-    if (!created.ok()) continue;
-    ((*created)->lossless() ? lossless : lossy).push_back(mode);
-  }
+  const std::vector<std::string> lossless = LosslessModes();
   ASSERT_GE(lossless.size(), 5u);
   std::vector<SequenceRequest> requests;
   for (const std::string& mode : ImplementedModes()) {
@@ -213,7 +231,7 @@ TEST_F(EngineLogitAdjustTest, EveryLosslessModeReproducesAdjustedArInOneBatch) {
   }
 }
 
-TEST_F(EngineLogitAdjustTest, MinTokensHoldsStopTokensBackInEveryLosslessMode) {
+TEST_F(EngineLogitsTest, MinTokensHoldsStopTokensBackInEveryLosslessMode) {
   auto engine = MakeEngine();
   ASSERT_NE(engine, nullptr);
   // A stop token the unadjusted output reaches early: its second token.
@@ -235,7 +253,7 @@ TEST_F(EngineLogitAdjustTest, MinTokensHoldsStopTokensBackInEveryLosslessMode) {
   }
 }
 
-TEST_F(EngineLogitAdjustTest, RefusesAdjustmentsPastTheirBounds) {
+TEST_F(EngineLogitsTest, RefusesAdjustmentsPastTheirBounds) {
   auto engine = MakeEngine();
   ASSERT_NE(engine, nullptr);
   const int vocab = model_->model->config().vocab_size;
@@ -250,6 +268,91 @@ TEST_F(EngineLogitAdjustTest, RefusesAdjustmentsPastTheirBounds) {
     absl::StatusOr<uint64_t> id = engine->Submit(r, std::make_shared<CollectingSink>());
     EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
   }
+}
+
+// Every lossless mode streams, for each token, the log-probability AR decoding gives it (the
+// target's row in the token's own context) and the top alternatives of that row; asking for
+// them changes no token; the values are log-softmax of the (adjusted) row.
+TEST_F(EngineLogitsTest, EveryLosslessModeStreamsArsLogprobs) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  constexpr int kTop = 5;
+  const std::vector<std::string> lossless = LosslessModes();
+  std::vector<SequenceRequest> requests;
+  for (int p = 0; p < kPrompts; ++p) requests.push_back(Request("ar", p, {}));  // no logprobs
+  for (const std::string& mode : lossless) {
+    for (int p = 0; p < kPrompts; ++p) {
+      requests.push_back(Request(mode, p, p % 2 == 0 ? LogitAdjust{} : Adjust()));
+      requests.back().logprobs = true;
+      requests.back().top_logprobs = kTop;
+    }
+  }
+  const auto sinks = Submit(*engine, requests);
+  for (int p = 0; p < kPrompts; ++p) {
+    std::vector<float> hand;
+    const std::vector<int32_t> tokens =
+        HandDecode(p, p % 2 == 0 ? LogitAdjust{} : Adjust(), {}, &hand);
+    if (p % 2 == 0) {
+      EXPECT_EQ(sinks[p]->tokens(), tokens) << "prompt " << p;
+    }
+    for (size_t m = 0; m < lossless.size(); ++m) {
+      const size_t i = kPrompts + m * kPrompts + p;
+      SCOPED_TRACE(lossless[m] + " prompt " + std::to_string(p));
+      EXPECT_EQ(sinks[i]->tokens(), tokens);
+      const std::vector<TokenLogprob> logprobs = sinks[i]->logprobs();
+      ASSERT_EQ(logprobs.size(), tokens.size());
+      for (size_t k = 0; k < logprobs.size(); ++k) {
+        const TokenLogprob& l = logprobs[k];
+        EXPECT_EQ(l.token, tokens[k]);
+        EXPECT_NEAR(l.logprob, hand[k], 1e-4) << "token " << k;
+        ASSERT_EQ(l.top.size(), static_cast<size_t>(kTop));
+        EXPECT_EQ(l.top[0].first, l.token);  // greedy: the token is the row's most likely
+        EXPECT_EQ(l.top[0].second, l.logprob);
+        for (int t = 1; t < kTop; ++t) EXPECT_LE(l.top[t].second, l.top[t - 1].second);
+      }
+    }
+  }
+}
+
+TEST_F(EngineLogitsTest, SampledTokensAreTheSameWithLogprobs) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  std::vector<SequenceRequest> requests;
+  for (const char* mode : {"ar", "spec", "self_spec"}) {
+    for (bool logprobs : {false, true}) {
+      requests.push_back(Request(mode, 1, {}));
+      requests.back().sampling = {.temperature = 0.9f, .top_k = 40, .seed = 11};
+      requests.back().logprobs = logprobs;
+    }
+  }
+  const auto sinks = Submit(*engine, requests);
+  for (size_t i = 0; i < sinks.size(); i += 2) {
+    SCOPED_TRACE(requests[i].mode);
+    EXPECT_EQ(sinks[i]->tokens(), sinks[i + 1]->tokens());
+    EXPECT_TRUE(sinks[i]->logprobs().empty());
+    const std::vector<TokenLogprob> logprobs = sinks[i + 1]->logprobs();
+    ASSERT_EQ(logprobs.size(), sinks[i + 1]->tokens().size());
+    for (const TokenLogprob& l : logprobs) {
+      EXPECT_LE(l.logprob, 0.0f);
+      EXPECT_TRUE(l.top.empty());
+    }
+  }
+}
+
+TEST_F(EngineLogitsTest, LogprobsAreRefusedForLossyModesAndPastTheirLimit) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  SequenceRequest lossy = Request("diffusion", 0, {});
+  lossy.logprobs = true;
+  absl::StatusOr<uint64_t> id = engine->Submit(lossy, std::make_shared<CollectingSink>());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("lossy"), std::string::npos) << id.status();
+  SequenceRequest many = Request("ar", 0, {});
+  many.logprobs = true;
+  many.top_logprobs = kMaxTopLogprobs + 1;
+  id = engine->Submit(many, std::make_shared<CollectingSink>());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("top_logprobs"), std::string::npos) << id.status();
 }
 
 }  // namespace
