@@ -63,6 +63,10 @@ absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& 
     }
   }
   if (absl::Status adjust = CheckLogitAdjust(request.adjust, 0); !adjust.ok()) return adjust;
+  if (request.top_logprobs < 0 || request.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "top_logprobs must be within [0, ", kMaxTopLogprobs, "], got ", request.top_logprobs));
+  }
   if (request.adjust.min_tokens > request.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("min_tokens ", request.adjust.min_tokens,
                                                    " exceeds max_tokens ", request.max_tokens));

@@ -29,6 +29,8 @@ struct RouterRequest {
   float min_p = 0;
   std::vector<int32_t> stop_token_ids;  // each checked >= 0; the verifier knows the vocabulary
   LogitAdjust adjust;  // ranges checked; ids only >= 0 (the verifier knows the vocabulary)
+  bool logprobs = false;
+  int top_logprobs = 0;  // within [0, 20] (also without logprobs: a client's mistake either way)
 };
 
 // Checks `request` against `model` (the description of the model it names): an input that is

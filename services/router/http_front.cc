@@ -82,6 +82,7 @@ struct SseStream {
   bool role_sent = false;
   std::string finish_reason;
   v1::Usage usage;
+  int64_t text_offset = 0;  // completions' logprobs text_offset of the next token
 
   // Writes what the next upstream message gives; false when the client is gone.
   bool Next(httplib::DataSink& sink) {
@@ -100,8 +101,13 @@ struct SseStream {
       have = call->Read(&message);
     }
     if (have) {
-      if (!message.text().empty()) {
-        out += http::SseEvent(http::ContentChunk(api, meta, message.text(), "", include_usage));
+      // A chunk for new text, or for tokens whose logprobs were asked for (a stop token, or
+      // text held back, has none).
+      if (!message.text().empty() || (meta.logprobs && message.logprobs_size() > 0)) {
+        nlohmann::json logprobs =
+            meta.logprobs ? http::LogprobsJson(api, message.logprobs(), &text_offset) : nullptr;
+        out += http::SseEvent(
+            http::ContentChunk(api, meta, message.text(), "", include_usage, std::move(logprobs)));
       }
       if (!message.finish_reason().empty()) {
         finish_reason = message.finish_reason();
@@ -203,7 +209,8 @@ class Handlers {
     }
     http::ResponseMeta meta{.id = http::NewResponseId(api),
                             .created = static_cast<int64_t>(std::time(nullptr)),
-                            .model = model != nullptr ? model->id() : request.model()};
+                            .model = model != nullptr ? model->id() : request.model(),
+                            .logprobs = request.logprobs()};
     request.set_request_id(meta.id);
 
     auto call = std::make_unique<UpstreamCall>(*stub_, request, authorization);

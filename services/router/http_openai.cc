@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -187,8 +188,8 @@ absl::Status RefuseUnsupported(const json& body) {
       !best_of.ok() || (best_of->has_value() && **best_of != 1)) {
     return BadParam("best_of", "only best_of = 1 is supported");
   }
-  for (const char* name : {"logprobs", "top_logprobs", "tools", "functions", "tool_choice",
-                           "function_call", "response_format", "suffix"}) {
+  for (const char* name :
+       {"tools", "functions", "tool_choice", "function_call", "response_format", "suffix"}) {
     const json* value = Member(body, name);
     if (value == nullptr) continue;
     const bool off = (value->is_boolean() && !value->get<bool>()) ||
@@ -252,6 +253,39 @@ absl::Status ParseLogitBias(const json& body, v1::SamplingParams* sampling) {
   }
   if (absl::Status checked = CheckAdjustParam("logit_bias", alone); !checked.ok()) return checked;
   for (const auto& [id, value] : alone.logit_bias) (*sampling->mutable_logit_bias())[id] = value;
+  return absl::OkStatus();
+}
+
+// Completions: logprobs N (0..20: the chosen token and N alternatives). Chat: logprobs true,
+// top_logprobs N.
+absl::Status ParseLogprobs(Api api, const json& body, v1::GenerateRequest* request) {
+  if (api == Api::kCompletions) {
+    if (Member(body, "top_logprobs") != nullptr) {
+      return BadParam("top_logprobs",
+                      "top_logprobs is a chat parameter; completions take logprobs: N");
+    }
+    absl::StatusOr<std::optional<int64_t>> logprobs =
+        IntegerParam(body, "logprobs", 0, kMaxTopLogprobs);
+    if (!logprobs.ok()) return logprobs.status();
+    if (logprobs->has_value()) {
+      request->set_logprobs(true);
+      request->set_top_logprobs(static_cast<int32_t>(**logprobs));
+    }
+    return absl::OkStatus();
+  }
+  if (const json* logprobs = Member(body, "logprobs"); logprobs != nullptr) {
+    if (!logprobs->is_boolean()) return BadParam("logprobs", "logprobs must be true or false");
+    request->set_logprobs(logprobs->get<bool>());
+  }
+  absl::StatusOr<std::optional<int64_t>> top =
+      IntegerParam(body, "top_logprobs", 0, kMaxTopLogprobs);
+  if (!top.ok()) return top.status();
+  if (top->has_value()) {
+    if (!request->logprobs()) {
+      return BadParam("top_logprobs", "top_logprobs needs logprobs: true");
+    }
+    request->set_top_logprobs(static_cast<int32_t>(**top));
+  }
   return absl::OkStatus();
 }
 
@@ -350,6 +384,7 @@ absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
   if (seed->has_value()) sampling->set_seed(static_cast<uint64_t>(**seed));
 
   if (absl::Status adjust = ParseLogitAdjust(body, &request); !adjust.ok()) return adjust;
+  if (absl::Status logprobs = ParseLogprobs(api, body, &request); !logprobs.ok()) return logprobs;
   if (absl::Status stop = ParseStop(body, &request); !stop.ok()) return stop;
   if (const json* ignore_eos = Member(body, "ignore_eos"); ignore_eos != nullptr) {
     if (!ignore_eos->is_boolean())
@@ -445,6 +480,40 @@ const char* CodeName(int http_status) {
   }
 }
 
+// Whether `bytes` is well-formed UTF-8.
+bool IsUtf8(std::string_view bytes) {
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
+    if (n == 0 || i + n > bytes.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(bytes[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// A token as text: its bytes when they are UTF-8, else "bytes:\xNN..." (OpenAI's spelling of a
+// token that is part of a character).
+std::string TokenString(std::string_view bytes) {
+  if (IsUtf8(bytes)) return std::string(bytes);
+  std::string out = "bytes:";
+  for (unsigned char c : bytes) absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+  return out;
+}
+
+json ByteList(std::string_view bytes) {
+  json list = json::array();
+  for (unsigned char c : bytes) list.push_back(static_cast<int>(c));
+  return list;
+}
+
 }  // namespace
 
 absl::StatusOr<ParsedRequest> ParseRequest(Api api, std::string_view body) {
@@ -483,12 +552,53 @@ std::string NewResponseId(Api api) {
 
 void Collect(const v1::GenerateResponse& message, Collected* collected) {
   collected->text += message.text();
+  collected->logprobs.MergeFrom(message.logprobs());
   if (!message.finish_reason().empty()) {
     collected->finish_reason = message.finish_reason();
     collected->usage = message.usage();
   }
   if (!message.mode().empty()) collected->mode = message.mode();
   collected->lossy = collected->lossy || message.lossy();
+}
+
+json LogprobsJson(Api api, const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& logprobs,
+                  int64_t* text_offset) {
+  if (api == Api::kChat) {
+    json content = json::array();
+    for (const v1::TokenLogprob& l : logprobs) {
+      json top = json::array();
+      for (const v1::TopLogprob& t : l.top()) {
+        top.push_back({{"token", TokenString(t.token())},
+                       {"logprob", t.logprob()},
+                       {"bytes", ByteList(t.token())}});
+      }
+      content.push_back({{"token", TokenString(l.token())},
+                         {"logprob", l.logprob()},
+                         {"bytes", ByteList(l.token())},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return json{{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array();
+  json token_logprobs = json::array();
+  json top_logprobs = json::array();
+  json offsets = json::array();
+  for (const v1::TokenLogprob& l : logprobs) {
+    const std::string token = TokenString(l.token());
+    tokens.push_back(token);
+    token_logprobs.push_back(l.logprob());
+    // The chosen token and the alternatives, as OpenAI's legacy shape (a token -> logprob map).
+    json top = json::object();
+    top[token] = l.logprob();
+    for (const v1::TopLogprob& t : l.top()) top[TokenString(t.token())] = t.logprob();
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(*text_offset);
+    *text_offset += static_cast<int64_t>(l.token().size());
+  }
+  return json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)},
+              {"text_offset", std::move(offsets)}};
 }
 
 json UsageJson(const v1::Usage& usage) {
@@ -500,8 +610,10 @@ json UsageJson(const v1::Usage& usage) {
 
 json FinalResponse(Api api, const ResponseMeta& meta, const Collected& collected) {
   json response = Base(api, meta, /*chunk=*/false);
+  int64_t text_offset = 0;
   json choice = {{"index", 0},
-                 {"logprobs", nullptr},
+                 {"logprobs", meta.logprobs ? LogprobsJson(api, collected.logprobs, &text_offset)
+                                            : json(nullptr)},
                  {"finish_reason", FinishReason(collected.finish_reason)}};
   if (api == Api::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", collected.text}};
@@ -516,10 +628,11 @@ json FinalResponse(Api api, const ResponseMeta& meta, const Collected& collected
 }
 
 json ContentChunk(Api api, const ResponseMeta& meta, const std::string& content,
-                  const std::string& finish_reason, bool include_usage) {
+                  const std::string& finish_reason, bool include_usage, json logprobs) {
   json chunk = Base(api, meta, /*chunk=*/true);
-  json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishReason(finish_reason)}};
+  json choice = {{"index", 0},
+                 {"logprobs", std::move(logprobs)},
+                 {"finish_reason", FinishReason(finish_reason)}};
   if (api == Api::kChat) {
     choice["delta"] =
         content.empty() && !finish_reason.empty() ? json::object() : json{{"content", content}};

@@ -48,6 +48,7 @@ struct ResponseMeta {
   std::string id;       // "cmpl-..." or "chatcmpl-..."
   int64_t created = 0;  // Unix seconds
   std::string model;
+  bool logprobs = false;  // the request asked for logprobs: choices carry them (else null)
 };
 
 // A fresh response id for `api` ("cmpl-" or "chatcmpl-" and 24 random hex digits).
@@ -60,6 +61,7 @@ struct Collected {
   v1::Usage usage;
   std::string mode;
   bool lossy = false;
+  google::protobuf::RepeatedPtrField<v1::TokenLogprob> logprobs;
 };
 void Collect(const v1::GenerateResponse& message, Collected* collected);
 
@@ -70,7 +72,8 @@ nlohmann::json FinalResponse(Api api, const ResponseMeta& meta, const Collected&
 // chunk carries only the assistant role (RoleChunk). With include_usage every chunk has
 // "usage": null and UsageChunk (no choices) comes last.
 nlohmann::json ContentChunk(Api api, const ResponseMeta& meta, const std::string& content,
-                            const std::string& finish_reason, bool include_usage);
+                            const std::string& finish_reason, bool include_usage,
+                            nlohmann::json logprobs = nullptr);
 nlohmann::json RoleChunk(const ResponseMeta& meta, bool include_usage);
 nlohmann::json UsageChunk(Api api, const ResponseMeta& meta, const v1::Usage& usage);
 
@@ -84,6 +87,14 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 
 // The OpenAI "usage" object.
 nlohmann::json UsageJson(const v1::Usage& usage);
+
+// A choice's "logprobs" for `logprobs` in `api`'s shape: completions' legacy {tokens,
+// token_logprobs, top_logprobs (the chosen token and the alternatives), text_offset (bytes from
+// *text_offset on, which advances)}, or chat's {content: [{token, logprob, bytes, top_logprobs}]}.
+// A token that is part of a UTF-8 character is spelled "bytes:\xNN...".
+nlohmann::json LogprobsJson(Api api,
+                            const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& logprobs,
+                            int64_t* text_offset);
 
 // Errors. HTTP status from a gRPC code: INVALID_ARGUMENT 400, UNAUTHENTICATED 401,
 // PERMISSION_DENIED 403, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED 499, UNAVAILABLE 503,

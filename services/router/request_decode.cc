@@ -41,6 +41,8 @@ router::RouterRequest ToRouterRequest(const v1::GenerateRequest& request) {
   out.min_p = request.sampling().min_p();
   out.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   out.adjust = ToLogitAdjust(request);
+  out.logprobs = request.logprobs();
+  out.top_logprobs = request.top_logprobs();
   return out;
 }
 

@@ -449,7 +449,8 @@ router::VerifierPool::Gain RouterService::GainOf(const v1::GenerateRequest& requ
   if (options_.mode_policy == nullptr || (!request.mode().empty() && request.mode() != "auto")) {
     return nullptr;
   }
-  const router::ModeRequestTraits traits{.greedy = request.sampling().temperature() <= 0};
+  const router::ModeRequestTraits traits{.greedy = request.sampling().temperature() <= 0,
+                                         .logprobs = request.logprobs()};
   const router::ModePolicy* policy = options_.mode_policy;
   return [policy, traits](const router::VerifierInfo& info, const router::VerifierLoad* load,
                           double streams) -> std::optional<double> {
@@ -486,7 +487,8 @@ void RouterService::ChooseMode(size_t verifier, v1::VerifyRequest* upstream) {
   const router::ModeDecision decision = options_.mode_policy->Decide(
       pool_->address(verifier), info ? info->modes : std::vector<std::string>(),
       load != nullptr ? load->cost : empty, sequences,
-      router::ModeRequestTraits{.greedy = request.sampling().temperature() <= 0},
+      router::ModeRequestTraits{.greedy = request.sampling().temperature() <= 0,
+                                .logprobs = request.logprobs()},
       info ? info->default_mode : std::string());
   // "auto" stays "auto" (no data and a verifier that names no default): its default runs it.
   if (decision.mode != "auto") request.set_mode(decision.mode);

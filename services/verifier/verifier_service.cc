@@ -26,9 +26,27 @@ constexpr size_t kMaxQueuedResponses = 8;
 // migrated request's committed tokens at a 128k context take well under 1 MiB.
 constexpr size_t kMaxVerifyRequestBytes = 4 << 20;
 
-v1::GenerateResponse ToResponse(const SequenceEvent& event) {
+// A token's bytes for a logprob entry; empty for an id the tokenizer cannot decode.
+std::string TokenBytes(const Tokenizer& tokenizer, int32_t id) {
+  absl::StatusOr<std::string> bytes = tokenizer.Decode({&id, 1});
+  return bytes.ok() ? *std::move(bytes) : std::string();
+}
+
+v1::GenerateResponse ToResponse(const SequenceEvent& event, const Tokenizer& tokenizer) {
   v1::GenerateResponse response;
   response.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
+  for (const TokenLogprob& l : event.logprobs) {
+    v1::TokenLogprob* out = response.add_logprobs();
+    out->set_token_id(l.token);
+    out->set_logprob(l.logprob);
+    out->set_token(TokenBytes(tokenizer, l.token));
+    for (const auto& [id, logprob] : l.top) {
+      v1::TopLogprob* top = out->add_top();
+      top->set_token_id(id);
+      top->set_logprob(logprob);
+      top->set_token(TokenBytes(tokenizer, id));
+    }
+  }
   response.set_text(event.text);
   response.set_mode(event.mode);
   response.set_lossy(!event.lossless);
@@ -62,7 +80,8 @@ class GenerateReactor;
 // after the stream is gone are dropped.
 class StreamSink final : public SequenceSink {
  public:
-  StreamSink(ServiceMetrics* metrics, std::string mode) : recorder_(metrics, std::move(mode)) {}
+  StreamSink(ServiceMetrics* metrics, std::string mode, const Tokenizer* tokenizer)
+      : recorder_(metrics, std::move(mode)), tokenizer_(tokenizer) {}
 
   void Attach(GenerateReactor* reactor) {
     absl::MutexLock lock(&mu_);
@@ -95,6 +114,7 @@ class StreamSink final : public SequenceSink {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
   RequestRecorder recorder_ ABSL_GUARDED_BY(mu_);
+  const Tokenizer* tokenizer_;  // the engine's; it outlives every stream
 };
 
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -157,8 +177,8 @@ void StreamSink::OnEvent(SequenceEvent event) {
     if (last || !event.tokens.empty() || !event.text.empty()) {
       bool own_buffer = false;
       grpc::ByteBuffer& out = queue_.emplace_back();
-      grpc::SerializationTraits<v1::GenerateResponse>::Serialize(ToResponse(event), &out,
-                                                                 &own_buffer);
+      grpc::SerializationTraits<v1::GenerateResponse>::Serialize(ToResponse(event, *tokenizer_),
+                                                                 &out, &own_buffer);
     }
     if (last) ended_ = true;
   }
@@ -346,6 +366,8 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
   out.ignore_eos = request.ignore_eos();
   // Checked by Engine::Submit, against the vocabulary.
   out.adjust = ToLogitAdjust(request);
+  out.logprobs = request.logprobs();
+  out.top_logprobs = request.top_logprobs();
   out.mode = request.mode();
   out.committed.assign(verify.committed_token_ids().begin(), verify.committed_token_ids().end());
   out.drafter = verify.drafter();
@@ -412,7 +434,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* VerifierService::Generate(
   v1::VerifyRequest request;
   const absl::Status decoded = DecodeProto(*raw, kMaxVerifyRequestBytes, "verifier", &request);
   const std::string mode = RequestedModeLabel(request.request().mode());
-  auto sink = std::make_shared<StreamSink>(metrics_, mode);
+  auto sink = std::make_shared<StreamSink>(metrics_, mode, engine_->model().tokenizer.get());
   auto* reactor = new GenerateReactor(engine_, sink);
   if (grpc::Status auth = peers_.CheckGrpc(*context); !auth.ok()) {
     RequestRecorder(metrics_, mode).Finish(absl::StatusCode::kUnauthenticated);

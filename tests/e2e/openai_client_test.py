@@ -2,7 +2,7 @@
 """End-to-end: the official OpenAI Python client against a local cluster started with `tandem up`.
 
 Completions and chat, whole and streamed, the model list, penalties and logit bias (lossless
-modes exact with them), and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
+modes exact with them), logprobs (both shapes, every lossless mode AR's), and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
 the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
 
     .venv-e2e/bin/python openai_client_test.py --tandem build/services/cli/tandem
@@ -153,6 +153,44 @@ class OpenAIClientTest(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as caught:
             self.complete(presence_penalty=2.5)
         self.assertEqual(caught.exception.param, "presence_penalty")
+
+    def test_logprobs_in_both_apis_and_every_lossless_mode(self):
+        messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+        by_mode = {}
+        for mode in ("ar", "spec", "jacobi", "self_spec"):
+            response = self.client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True,
+                top_logprobs=3, extra_body={"mode": mode})
+            content = response.choices[0].logprobs.content
+            self.assertEqual(len(content), response.usage.completion_tokens)
+            for entry in content:
+                self.assertLessEqual(entry.logprob, 0.0)
+                self.assertEqual(len(entry.top_logprobs), 3)
+                # Greedy: the chosen token is the most likely one.
+                self.assertEqual(entry.top_logprobs[0].token, entry.token)
+                self.assertEqual(entry.top_logprobs[0].logprob, entry.logprob)
+                self.assertEqual(bytes(entry.bytes).decode("utf-8", "replace") != "", True)
+            by_mode[mode] = [(entry.token, entry.logprob) for entry in content]
+        for mode, entries in by_mode.items():
+            self.assertEqual([t for t, _ in entries], [t for t, _ in by_mode["ar"]], mode)
+            for (_, got), (_, want) in zip(entries, by_mode["ar"]):
+                self.assertAlmostEqual(got, want, delta=1e-4, msg=mode)
+
+        whole = self.complete(logprobs=2)
+        legacy = whole.choices[0].logprobs
+        self.assertEqual(len(legacy.tokens), whole.usage.completion_tokens)
+        self.assertEqual(len(legacy.token_logprobs), len(legacy.tokens))
+        self.assertEqual(legacy.text_offset[0], 0)
+        self.assertTrue(all(len(top) >= 2 for top in legacy.top_logprobs))
+        streamed = [chunk.choices[0].logprobs for chunk in self.complete(logprobs=2, stream=True)
+                    if chunk.choices and chunk.choices[0].logprobs]
+        self.assertEqual(sum((chunk.token_logprobs for chunk in streamed), []),
+                         legacy.token_logprobs)
+
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logprobs=2,
+                                           extra_body={"mode": "diffusion"})
+        self.assertIn("lossy", caught.exception.message)
 
     def test_errors_map_to_client_exceptions(self):
         wrong_key = openai.OpenAI(base_url=self.base_url, api_key="not-the-key", max_retries=0)

@@ -14,10 +14,9 @@
 
 #include "absl/status/statusor.h"
 #include "worker/decoding/decoding_mode.h"
+#include "worker/sampling/logit_adjust.h"  // kMaxTopLogprobs
 
 namespace tandem {
-
-inline constexpr int kMaxTopLogprobs = 20;  // as OpenAI's and vLLM's default limit
 
 struct TokenLogprob {
   int32_t token = 0;

@@ -23,6 +23,9 @@ inline constexpr int kMaxLogitBias = 300;         // entries, as OpenAI's limit
 inline constexpr float kMaxLogitBiasValue = 100;  // |bias|, as OpenAI's
 inline constexpr float kMaxPenalty = 2;           // |presence|, |frequency|, as OpenAI's
 inline constexpr float kMaxRepetitionPenalty = 10;
+// Alternatives a request may ask for with each token's logprob (worker/decoding/
+// token_logprobs.h), as OpenAI's and vLLM's default limit.
+inline constexpr int kMaxTopLogprobs = 20;
 
 struct LogitAdjust {
   // Subtracted once from the logit of every token among the generated ones.

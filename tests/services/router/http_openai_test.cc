@@ -73,6 +73,81 @@ TEST(HttpOpenAiTest, PenaltiesLogitBiasAndMinTokens) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("at most 300"));
 }
 
+TEST(HttpOpenAiTest, LogprobsInBothApis) {
+  absl::StatusOr<ParsedRequest> completion =
+      ParseRequest(Api::kCompletions, R"({"prompt": "x", "logprobs": 3})");
+  ASSERT_TRUE(completion.ok()) << completion.status();
+  EXPECT_TRUE(completion->request.logprobs());
+  EXPECT_EQ(completion->request.top_logprobs(), 3);
+  absl::StatusOr<ParsedRequest> chat = ParseRequest(
+      Api::kChat,
+      R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 2})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_TRUE(chat->request.logprobs());
+  EXPECT_EQ(chat->request.top_logprobs(), 2);
+  absl::StatusOr<ParsedRequest> off =
+      ParseRequest(Api::kChat, R"({"messages": [{"role": "user", "content": "x"}],
+                                  "logprobs": false})");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->request.logprobs());
+}
+
+// Two tokens: "Hi" and the first byte of a two-byte character, each with one alternative.
+google::protobuf::RepeatedPtrField<v1::TokenLogprob> TwoTokens() {
+  google::protobuf::RepeatedPtrField<v1::TokenLogprob> logprobs;
+  v1::TokenLogprob* hi = logprobs.Add();
+  hi->set_token_id(5);
+  hi->set_token("Hi");
+  hi->set_logprob(-0.25f);
+  v1::TopLogprob* top = hi->add_top();
+  top->set_token_id(5);
+  top->set_token("Hi");
+  top->set_logprob(-0.25f);
+  v1::TokenLogprob* part = logprobs.Add();
+  part->set_token_id(9);
+  part->set_token("\xc3");
+  part->set_logprob(-1.5f);
+  top = part->add_top();
+  top->set_token_id(4);
+  top->set_token("!");
+  top->set_logprob(-0.5f);
+  return logprobs;
+}
+
+TEST(HttpOpenAiTest, LogprobsRenderInEachApisShape) {
+  ResponseMeta meta{.id = "x", .created = 1, .model = "m", .logprobs = true};
+  Collected collected;
+  collected.text = "Hi";
+  collected.finish_reason = "length";
+  collected.logprobs = TwoTokens();
+  const nlohmann::json chat = FinalResponse(Api::kChat, meta, collected);
+  const nlohmann::json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "Hi");
+  EXPECT_FLOAT_EQ(content[0]["logprob"].get<float>(), -0.25f);
+  EXPECT_EQ(content[0]["bytes"], nlohmann::json::array({72, 105}));
+  EXPECT_EQ(content[0]["top_logprobs"][0]["token"], "Hi");
+  EXPECT_EQ(content[1]["token"], "bytes:\\xc3");
+  EXPECT_EQ(content[1]["bytes"], nlohmann::json::array({0xc3}));
+  EXPECT_EQ(content[1]["top_logprobs"][0]["token"], "!");
+
+  const nlohmann::json completion = FinalResponse(Api::kCompletions, meta, collected);
+  const nlohmann::json& legacy = completion["choices"][0]["logprobs"];
+  EXPECT_EQ(legacy["tokens"], nlohmann::json::array({"Hi", "bytes:\\xc3"}));
+  EXPECT_FLOAT_EQ(legacy["token_logprobs"][1].get<float>(), -1.5f);
+  EXPECT_EQ(legacy["top_logprobs"][1].size(), 2u);  // the chosen token and "!"
+  EXPECT_FLOAT_EQ(legacy["top_logprobs"][1]["!"].get<float>(), -0.5f);
+  EXPECT_EQ(legacy["text_offset"], nlohmann::json::array({0, 2}));
+
+  meta.logprobs = false;
+  EXPECT_TRUE(FinalResponse(Api::kChat, meta, collected)["choices"][0]["logprobs"].is_null());
+  // A stream's chunks continue the offsets.
+  int64_t offset = 7;
+  const nlohmann::json chunk = LogprobsJson(Api::kCompletions, TwoTokens(), &offset);
+  EXPECT_EQ(chunk["text_offset"], nlohmann::json::array({7, 9}));
+  EXPECT_EQ(offset, 10);
+}
+
 TEST(HttpOpenAiTest, CompletionDefaultsFollowOpenAi) {
   absl::StatusOr<ParsedRequest> parsed =
       ParseRequest(Api::kCompletions, R"({"prompt": "hi", "stop": "x"})");
@@ -139,7 +214,16 @@ TEST(HttpOpenAiTest, RefusalsNameTheParameter) {
   const Case cases[] = {
       {Api::kCompletions, R"({"prompt": "x", "n": 2})", "n"},
       {Api::kCompletions, R"({"prompt": "x", "best_of": 3})", "best_of"},
-      {Api::kCompletions, R"({"prompt": "x", "logprobs": 2})", "logprobs"},
+      {Api::kCompletions, R"({"prompt": "x", "logprobs": 21})", "logprobs"},
+      {Api::kCompletions, R"({"prompt": "x", "logprobs": true})", "logprobs"},
+      {Api::kCompletions, R"({"prompt": "x", "top_logprobs": 2})", "top_logprobs"},
+      {Api::kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})",
+       "logprobs"},
+      {Api::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+       "top_logprobs"},
+      {Api::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 30})",
+       "top_logprobs"},
       {Api::kCompletions, R"({"prompt": "x", "echo": true})", "echo"},
       {Api::kCompletions, R"({"prompt": "x", "frequency_penalty": 2.5})", "frequency_penalty"},
       {Api::kCompletions, R"({"prompt": "x", "presence_penalty": "high"})", "presence_penalty"},
