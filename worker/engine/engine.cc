@@ -129,7 +129,10 @@ absl::StatusOr<std::shared_ptr<EngineSequence>> Engine::Impl::BuildSequence(
   if (!request.prompt_ids.empty()) {
     seq->tokens = request.prompt_ids;
   } else {
-    const std::string text = request.chat.empty() ? request.prompt : ApplyChatMl(request.chat);
+    std::string text = request.prompt;
+    if (!request.chat.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(text, ApplyChat(*model_, request.chat));
+    }
     TANDEM_ASSIGN_OR_RETURN(seq->tokens, model_->tokenizer->Encode(text));
     if (seq->tokens.empty()) return absl::InvalidArgumentError("prompt encodes to no tokens");
   }

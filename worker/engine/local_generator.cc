@@ -16,7 +16,18 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOpt
   TANDEM_ASSIGN_OR_RETURN(loaded.model, Transformer::Load(dir));
   if (device.device != Device::kCpu) TANDEM_RETURN_IF_ERROR(loaded.model->UseDevice(device));
   TANDEM_ASSIGN_OR_RETURN(loaded.tokenizer, Tokenizer::FromFile(dir + "/tokenizer.json"));
+  TANDEM_ASSIGN_OR_RETURN(loaded.chat_template, ChatTemplate::FromModelDir(dir));
   return loaded;
+}
+
+absl::StatusOr<std::string> ApplyChat(const LoadedModel& model, std::span<const ChatTurn> turns) {
+  if (model.chat_template == nullptr) return ApplyChatMl(turns);
+  absl::StatusOr<std::string> text = model.chat_template->Apply(turns);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model's chat template refused the conversation: ", text.status().message()));
+  }
+  return text;
 }
 
 absl::Status AttachLoraAdapter(LoadedModel& model, const std::string& dir) {
@@ -67,7 +78,7 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   std::string text = prompt;
   if (options.chat) {
     const ChatTurn turn{"user", prompt};
-    text = ApplyChatMl({&turn, 1});
+    TANDEM_ASSIGN_OR_RETURN(text, ApplyChat(*model_, {&turn, 1}));
   }
   TANDEM_ASSIGN_OR_RETURN(result.prompt_ids, tokenizer.Encode(text));
   const int prompt_len = static_cast<int>(result.prompt_ids.size());

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "worker/model/transformer.h"
 #include "worker/sampling/sampling.h"
 #include "worker/sampling/stop.h"
+#include "worker/template/chat_template.h"
 #include "worker/tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -28,7 +30,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<std::string> stop_strings;
   std::vector<int32_t> extra_stop_token_ids;  // besides the model's EOS ids
-  bool chat = false;                          // wrap the prompt in the ChatML template
+  bool chat = false;  // the prompt is a user turn: the chat template (or ChatML) wraps it
   // The `spec` mode's drafter (same tokenizer as the target; may be the target itself). Not
   // owned; must outlive the call.
   LoadedModel* drafter = nullptr;
@@ -52,16 +54,21 @@ struct GenerateResult {
   double seconds = 0;        // prefill and decode
 };
 
-// A loaded model with its tokenizer.
+// A loaded model with its tokenizer and chat template.
 struct LoadedModel {
   std::string dir;
   std::unique_ptr<Transformer> model;
   std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatTemplate> chat_template;  // null: the checkpoint has none (ChatML)
 };
 
-// Loads <dir>/config.json, weights and tokenizer.json, and moves the model to `device`
-// (Transformer::UseDevice).
+// Loads <dir>/config.json, weights, tokenizer.json and the chat template (chat_template.jinja or
+// tokenizer_config.json's), and moves the model to `device` (Transformer::UseDevice).
 absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device = {});
+
+// The prompt text of a chat: the model's chat template with a generation prompt, or ChatML
+// when it has none. InvalidArgument when the template refuses the conversation.
+absl::StatusOr<std::string> ApplyChat(const LoadedModel& model, std::span<const ChatTurn> turns);
 
 // Loads the PEFT LoRA adapter in `dir` (adapter_config.json, adapter_model.safetensors) onto
 // `model`. Modes run it only where they gate it (ModeOptions::lora_drafts).
