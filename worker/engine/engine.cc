@@ -372,6 +372,7 @@ Engine::Impl::StepBatch Engine::Impl::PlanStep(const std::vector<SeqPtr>& candid
     // The budget decides where planning stops; a plan is always run once made (modes keep
     // state from Plan for Consume), so the last one may overshoot the budget by its drafts.
     if (!batch.planned.empty() && batch.tokens >= options_.max_batch_tokens) break;
+    if (WaitsForSharedPrefill(*seq, candidates)) continue;
     std::optional<Planned> p = PlanSequence(seq, options_.max_batch_tokens - batch.tokens);
     if (!p.has_value()) continue;
     const int n = static_cast<int>(p->plan.tokens.size());
@@ -407,6 +408,26 @@ void Engine::Impl::AttachCachedPrefix(EngineSequence& s) {
   s.kv_len = kv_.AttachPrefix(static_cast<SeqId>(s.id),
                               std::span<const int32_t>(s.tokens).first(limit), kPrefixSalt);
   if (s.usage.preemptions == 0) s.usage.cached_tokens = std::min(s.kv_len, s.prompt_len);
+}
+
+// A sequence with no KV whose prompt begins with whole blocks that an earlier sequence of this
+// step is still computing waits until they are done, then takes them from the cache: requests
+// that share a prompt (n choices, a burst with one system prompt) prefill it once.
+bool Engine::Impl::WaitsForSharedPrefill(const EngineSequence& seq,
+                                         const std::vector<SeqPtr>& candidates) const {
+  if (!options_.prefix_cache || seq.kv_len > 0) return false;
+  const int block = options_.kv_block_size;
+  for (const SeqPtr& other : candidates) {
+    const EngineSequence& o = *other;
+    if (&o == &seq || !o.resident || o.admit_order >= seq.admit_order) continue;
+    if (o.kv_len >= o.prompt_len) continue;  // past its prompt: what it shares is published
+    const size_t limit = std::min(seq.tokens.size() - 1, o.tokens.size());
+    size_t common = 0;
+    while (common < limit && seq.tokens[common] == o.tokens[common]) ++common;
+    const int shared = static_cast<int>(common) / block * block;
+    if (shared >= block && o.kv_len < shared) return true;
+  }
+  return false;
 }
 
 void Engine::Impl::PublishKv(const EngineSequence& s) {

@@ -195,6 +195,8 @@ class Engine::Impl {
   // cached prefix of its tokens; committed KV is published for others.
   void AttachCachedPrefix(EngineSequence& s);
   void PublishKv(const EngineSequence& s);
+  bool WaitsForSharedPrefill(const EngineSequence& seq,
+                             const std::vector<SeqPtr>& candidates) const;
   HiddenRows FinalHidden(EngineSequence& s, const Planned& p, const ExtendOutput& out,
                          std::span<const int32_t> keep, int kv_before);
   DecodeState StateOf(const EngineSequence& seq) const;

@@ -224,5 +224,32 @@ TEST_F(EnginePrefixCacheTest, PreemptionAndSeededSamplingAreExactWithTheCache) {
   }
 }
 
+// Requests that arrive together with one prompt prefill it once: the first computes the whole
+// blocks, the others wait for them and take them from the cache, with the same outputs.
+TEST_F(EnginePrefixCacheTest, ConcurrentRequestsWithOnePromptPrefillItOnce) {
+  EngineOptions options;
+  options.prefill_chunk = kBlock;  // the leader's prompt takes several steps
+  auto engine = MakeEngine(options);
+  ASSERT_NE(engine, nullptr);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 4; ++i) jobs.push_back({"ar", Base(0, kSeedLength), {}});
+  jobs.push_back({"spec", Base(0, kSeedLength), {}});
+  jobs.push_back({"ar", Base(100, 100 + kSeedLength), {}});  // shares nothing: never waits
+  const std::vector<Outcome> together = RunWave(*engine, jobs);
+  EXPECT_EQ(together[0].usage.cached_tokens, 0);
+  for (int i = 1; i < 5; ++i) {
+    EXPECT_EQ(together[i].usage.cached_tokens, 2 * kBlock) << i;
+    EXPECT_EQ(together[i].tokens.size(), static_cast<size_t>(kNewTokens)) << i;
+  }
+  EXPECT_EQ(together[5].usage.cached_tokens, 0);
+  for (int i = 1; i < 5; ++i) EXPECT_EQ(together[i].tokens, together[0].tokens);
+  // The same requests alone, each on an engine of its own: the same outputs.
+  for (size_t i : {size_t{0}, size_t{5}}) {
+    auto alone = MakeEngine(options);
+    ASSERT_NE(alone, nullptr);
+    EXPECT_EQ(RunWave(*alone, {jobs[i]})[0].tokens, together[i].tokens) << i;
+  }
+}
+
 }  // namespace
 }  // namespace tandem
