@@ -1,5 +1,6 @@
 #include "services/router/http_front.h"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <optional>
@@ -72,33 +73,37 @@ class UpstreamCall {
 };
 
 // The state of one streaming response, driven by cpp-httplib's content provider on the
-// connection's thread.
+// connection's thread. With n choices, each choice's stream is relayed whole, one after
+// another (they generate concurrently upstream; chunks carry their choice's index).
 struct SseStream {
   http::Api api = http::Api::kCompletions;
   http::ResponseMeta meta;
   bool include_usage = false;
-  std::unique_ptr<UpstreamCall> call;
-  std::optional<v1::GenerateResponse> first;  // read before the status line was chosen
+  std::vector<std::unique_ptr<UpstreamCall>> calls;
+  std::vector<std::optional<v1::GenerateResponse>> firsts;  // read before the status line
+  size_t current = 0;                                       // the choice being relayed
   bool role_sent = false;
   std::string finish_reason;
-  v1::Usage usage;
+  std::vector<v1::Usage> usages;
   int64_t text_offset = 0;  // completions' logprobs text_offset of the next token
 
   // Writes what the next upstream message gives; false when the client is gone.
   bool Next(httplib::DataSink& sink) {
     std::string out;
+    const int index = static_cast<int>(current);
     if (api == http::Api::kChat && !role_sent) {
-      out += http::SseEvent(http::RoleChunk(meta, include_usage));
+      out += http::SseEvent(http::RoleChunk(meta, include_usage, index));
       role_sent = true;
     }
+    UpstreamCall& call = *calls[current];
     v1::GenerateResponse message;
     bool have = false;
-    if (first.has_value()) {
-      message = std::move(*first);
-      first.reset();
+    if (firsts[current].has_value()) {
+      message = std::move(*firsts[current]);
+      firsts[current].reset();
       have = true;
     } else {
-      have = call->Read(&message);
+      have = call.Read(&message);
     }
     if (have) {
       // A chunk for new text, or for tokens whose logprobs were asked for (a stop token, or
@@ -106,27 +111,40 @@ struct SseStream {
       if (!message.text().empty() || (meta.logprobs && message.logprobs_size() > 0)) {
         nlohmann::json logprobs =
             meta.logprobs ? http::LogprobsJson(api, message.logprobs(), &text_offset) : nullptr;
-        out += http::SseEvent(
-            http::ContentChunk(api, meta, message.text(), "", include_usage, std::move(logprobs)));
+        out += http::SseEvent(http::ContentChunk(api, meta, message.text(), "", include_usage,
+                                                 std::move(logprobs), index));
       }
       if (!message.finish_reason().empty()) {
         finish_reason = message.finish_reason();
-        usage = message.usage();
+        usages.push_back(message.usage());
       }
       return out.empty() || sink.write(out.data(), out.size());
     }
-    const grpc::Status status = call->Finish();
-    if (status.ok()) {
-      out += http::SseEvent(http::ContentChunk(api, meta, "", finish_reason, include_usage));
-      if (include_usage) out += http::SseEvent(http::UsageChunk(api, meta, usage));
-      out += std::string(http::kSseDone);
-    } else {
+    const grpc::Status status = call.Finish();
+    if (!status.ok()) {
       out += http::SseEvent(
           http::ErrorBody(http::HttpStatusFor(status.error_code()), status.error_message()));
+      if (!sink.write(out.data(), out.size())) return false;
+      sink.done();
+      return true;
     }
+    out += http::SseEvent(
+        http::ContentChunk(api, meta, "", finish_reason, include_usage, nullptr, index));
+    if (++current < calls.size()) {  // the next choice
+      role_sent = false;
+      text_offset = 0;
+      finish_reason.clear();
+      return sink.write(out.data(), out.size());
+    }
+    if (include_usage) out += http::SseEvent(http::UsageChunk(api, meta, http::TotalUsage(usages)));
+    out += std::string(http::kSseDone);
     if (!sink.write(out.data(), out.size())) return false;
     sink.done();
     return true;
+  }
+
+  void Cancel() {
+    for (auto& call : calls) call->Cancel();
   }
 };
 
@@ -210,39 +228,70 @@ class Handlers {
     http::ResponseMeta meta{.id = http::NewResponseId(api),
                             .created = static_cast<int64_t>(std::time(nullptr)),
                             .model = model != nullptr ? model->id() : request.model(),
-                            .logprobs = request.logprobs()};
+                            .logprobs = request.logprobs()};  // as asked: best_of's own
+                                                              // ranking logprobs stay hidden
     request.set_request_id(meta.id);
 
-    auto call = std::make_unique<UpstreamCall>(*stub_, request, authorization);
-    // The first message decides the status line: an error before any output is an HTTP error.
-    v1::GenerateResponse first;
-    if (!call->Read(&first)) {
-      grpc::Status status = call->Finish();
-      if (!status.ok()) return SendGrpcError(res, status);
+    // One call per completion (best_of of them): they share the prompt's KV when they land on
+    // one verifier, which prefix affinity makes likely. A seeded request's choice i uses seed
+    // + i, so each choice is reproducible and the choices differ.
+    const bool ranked = parsed->best_of > parsed->n;
+    if (ranked) request.set_logprobs(true);  // the ranking reads them
+    std::vector<std::unique_ptr<UpstreamCall>> calls;
+    for (int i = 0; i < parsed->best_of; ++i) {
+      v1::GenerateRequest choice = request;
+      if (request.sampling().has_seed()) {
+        choice.mutable_sampling()->set_seed(request.sampling().seed() + static_cast<uint64_t>(i));
+      }
+      if (parsed->best_of > 1) choice.set_request_id(absl::StrCat(meta.id, "-", i));
+      calls.push_back(std::make_unique<UpstreamCall>(*stub_, choice, authorization));
+    }
+    // The first messages decide the status line: an error before any output is an HTTP error.
+    std::vector<std::optional<v1::GenerateResponse>> firsts(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      v1::GenerateResponse first;
+      if (calls[i]->Read(&first)) {
+        firsts[i] = std::move(first);
+      } else {
+        grpc::Status status = calls[i]->Finish();
+        if (!status.ok()) return SendGrpcError(res, status);
+      }
     }
     if (!parsed->stream) {
-      http::Collected collected;
-      http::Collect(first, &collected);
-      v1::GenerateResponse message;
-      while (call->Read(&message)) http::Collect(message, &collected);
-      grpc::Status status = call->Finish();
-      if (!status.ok()) return SendGrpcError(res, status);
-      res.set_content(http::Dump(http::FinalResponse(api, meta, collected)), kJson);
+      std::vector<http::Collected> choices(calls.size());
+      std::vector<v1::Usage> usages;
+      for (size_t i = 0; i < calls.size(); ++i) {
+        if (firsts[i].has_value()) http::Collect(*firsts[i], &choices[i]);
+        v1::GenerateResponse message;
+        while (calls[i]->Read(&message)) http::Collect(message, &choices[i]);
+        grpc::Status status = calls[i]->Finish();
+        if (!status.ok()) return SendGrpcError(res, status);
+        usages.push_back(choices[i].usage);
+      }
+      if (ranked) {
+        std::stable_sort(choices.begin(), choices.end(),
+                         [](const http::Collected& a, const http::Collected& b) {
+                           return http::MeanLogprob(a) > http::MeanLogprob(b);
+                         });
+        choices.resize(static_cast<size_t>(parsed->n));
+      }
+      res.set_content(http::Dump(http::FinalResponse(api, meta, choices, http::TotalUsage(usages))),
+                      kJson);
       return;
     }
     auto stream = std::make_shared<SseStream>();
     stream->api = api;
     stream->meta = std::move(meta);
     stream->include_usage = parsed->include_usage;
-    stream->call = std::move(call);
-    stream->first = std::move(first);
+    stream->calls = std::move(calls);
+    stream->firsts = std::move(firsts);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
         [stream](size_t /*offset*/, httplib::DataSink& sink) { return stream->Next(sink); },
         [stream](bool success) {
-          // The client went away mid-stream: stop the verifier's work now.
-          if (!success) stream->call->Cancel();
+          // The client went away mid-stream: stop the verifiers' work now.
+          if (!success) stream->Cancel();
         });
   }
 

@@ -178,16 +178,6 @@ absl::Status ParseMessages(const json& body, v1::GenerateRequest* request) {
 
 // Parameters Tandem does not implement: refused when they ask for something.
 absl::Status RefuseUnsupported(const json& body) {
-  if (auto n = IntegerParam(body, "n", std::numeric_limits<int32_t>::min(),
-                            std::numeric_limits<int32_t>::max());
-      !n.ok() || (n->has_value() && **n != 1)) {
-    return BadParam("n", "only n = 1 is supported; send one request per completion");
-  }
-  if (auto best_of = IntegerParam(body, "best_of", std::numeric_limits<int32_t>::min(),
-                                  std::numeric_limits<int32_t>::max());
-      !best_of.ok() || (best_of->has_value() && **best_of != 1)) {
-    return BadParam("best_of", "only best_of = 1 is supported");
-  }
   for (const char* name :
        {"tools", "functions", "tool_choice", "function_call", "response_format", "suffix"}) {
     const json* value = Member(body, name);
@@ -289,6 +279,27 @@ absl::Status ParseLogprobs(Api api, const json& body, v1::GenerateRequest* reque
   return absl::OkStatus();
 }
 
+// n (1..kMaxChoices) and, for completions, best_of (n..kMaxChoices, not streamed).
+absl::Status ParseChoices(Api api, const json& body, ParsedRequest* parsed) {
+  absl::StatusOr<std::optional<int64_t>> n = IntegerParam(body, "n", 1, kMaxChoices);
+  if (!n.ok()) return n.status();
+  parsed->n = static_cast<int>(n->value_or(1));
+  absl::StatusOr<std::optional<int64_t>> best_of = IntegerParam(body, "best_of", 1, kMaxChoices);
+  if (!best_of.ok()) return best_of.status();
+  parsed->best_of = static_cast<int>(best_of->value_or(parsed->n));
+  if (parsed->best_of != parsed->n) {
+    if (api == Api::kChat) return BadParam("best_of", "best_of is a completions parameter");
+    if (parsed->best_of < parsed->n) {
+      return BadParam("best_of", absl::StrCat("best_of (", parsed->best_of,
+                                              ") must be at least n (", parsed->n, ")"));
+    }
+    if (const json* stream = Member(body, "stream"); stream != nullptr && *stream == true) {
+      return BadParam("best_of", "best_of cannot be streamed (the best are known at the end)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 // presence_penalty, frequency_penalty, repetition_penalty, logit_bias and min_tokens.
 absl::Status ParseLogitAdjust(const json& body, v1::GenerateRequest* request) {
   v1::SamplingParams* sampling = request->mutable_sampling();
@@ -385,6 +396,7 @@ absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
 
   if (absl::Status adjust = ParseLogitAdjust(body, &request); !adjust.ok()) return adjust;
   if (absl::Status logprobs = ParseLogprobs(api, body, &request); !logprobs.ok()) return logprobs;
+  if (absl::Status choices = ParseChoices(api, body, parsed); !choices.ok()) return choices;
   if (absl::Status stop = ParseStop(body, &request); !stop.ok()) return stop;
   if (const json* ignore_eos = Member(body, "ignore_eos"); ignore_eos != nullptr) {
     if (!ignore_eos->is_boolean())
@@ -608,29 +620,55 @@ json UsageJson(const v1::Usage& usage) {
               {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens()}}}};
 }
 
-json FinalResponse(Api api, const ResponseMeta& meta, const Collected& collected) {
-  json response = Base(api, meta, /*chunk=*/false);
-  int64_t text_offset = 0;
-  json choice = {{"index", 0},
-                 {"logprobs", meta.logprobs ? LogprobsJson(api, collected.logprobs, &text_offset)
-                                            : json(nullptr)},
-                 {"finish_reason", FinishReason(collected.finish_reason)}};
-  if (api == Api::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", collected.text}};
-  } else {
-    choice["text"] = collected.text;
+double MeanLogprob(const Collected& collected) {
+  if (collected.logprobs.empty()) return -std::numeric_limits<double>::infinity();
+  double sum = 0;
+  for (const v1::TokenLogprob& l : collected.logprobs) sum += l.logprob();
+  return sum / collected.logprobs.size();
+}
+
+v1::Usage TotalUsage(const std::vector<v1::Usage>& choices) {
+  v1::Usage total;
+  if (choices.empty()) return total;
+  total.set_prompt_tokens(choices[0].prompt_tokens());
+  for (const v1::Usage& u : choices) {
+    total.set_completion_tokens(total.completion_tokens() + u.completion_tokens());
+    total.set_cached_tokens(std::max(total.cached_tokens(), u.cached_tokens()));
   }
-  response["choices"] = json::array({std::move(choice)});
-  response["usage"] = UsageJson(collected.usage);
+  return total;
+}
+
+json FinalResponse(Api api, const ResponseMeta& meta, const std::vector<Collected>& choices,
+                   const v1::Usage& usage) {
+  json response = Base(api, meta, /*chunk=*/false);
+  json out = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Collected& collected = choices[i];
+    int64_t text_offset = 0;
+    json choice = {{"index", i},
+                   {"logprobs", meta.logprobs ? LogprobsJson(api, collected.logprobs, &text_offset)
+                                              : json(nullptr)},
+                   {"finish_reason", FinishReason(collected.finish_reason)}};
+    if (api == Api::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", collected.text}};
+    } else {
+      choice["text"] = collected.text;
+    }
+    out.push_back(std::move(choice));
+  }
+  response["choices"] = std::move(out);
+  response["usage"] = UsageJson(usage);
   // Tandem's own: the decoding mode that served the request, and whether it is lossy.
-  response["tandem"] = {{"mode", collected.mode}, {"lossy", collected.lossy}};
+  if (!choices.empty()) {
+    response["tandem"] = {{"mode", choices[0].mode}, {"lossy", choices[0].lossy}};
+  }
   return response;
 }
 
 json ContentChunk(Api api, const ResponseMeta& meta, const std::string& content,
-                  const std::string& finish_reason, bool include_usage, json logprobs) {
+                  const std::string& finish_reason, bool include_usage, json logprobs, int index) {
   json chunk = Base(api, meta, /*chunk=*/true);
-  json choice = {{"index", 0},
+  json choice = {{"index", index},
                  {"logprobs", std::move(logprobs)},
                  {"finish_reason", FinishReason(finish_reason)}};
   if (api == Api::kChat) {
@@ -644,9 +682,9 @@ json ContentChunk(Api api, const ResponseMeta& meta, const std::string& content,
   return chunk;
 }
 
-json RoleChunk(const ResponseMeta& meta, bool include_usage) {
+json RoleChunk(const ResponseMeta& meta, bool include_usage, int index) {
   json chunk = Base(Api::kChat, meta, /*chunk=*/true);
-  chunk["choices"] = json::array({json{{"index", 0},
+  chunk["choices"] = json::array({json{{"index", index},
                                        {"delta", {{"role", "assistant"}, {"content", ""}}},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}});

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -29,8 +30,13 @@ enum class Api { kCompletions, kChat };
 inline constexpr int kDefaultCompletionMaxTokens = 16;
 
 // A parsed request: what goes to Generate, and how to answer.
+// Choices one request may ask for (n, and best_of for completions).
+inline constexpr int kMaxChoices = 16;
+
 struct ParsedRequest {
   v1::GenerateRequest request;
+  int n = 1;        // choices returned
+  int best_of = 1;  // completions generated (>= n): the n of highest mean token logprob return
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage: one more chunk with usage
   bool max_tokens_set = false;  // false: the caller picks the default (it knows the context)
@@ -65,16 +71,24 @@ struct Collected {
 };
 void Collect(const v1::GenerateResponse& message, Collected* collected);
 
-// The non-streaming response object (text_completion or chat.completion).
-nlohmann::json FinalResponse(Api api, const ResponseMeta& meta, const Collected& collected);
+// The mean logprob of a collected completion's tokens (best_of's ranking); -inf without tokens.
+double MeanLogprob(const Collected& collected);
+
+// The usage of a request's choices: the prompt once (cached tokens: the most any choice took
+// from the cache), every choice's completion tokens.
+v1::Usage TotalUsage(const std::vector<v1::Usage>& choices);
+
+// The non-streaming response object (text_completion or chat.completion), choice i at index i.
+nlohmann::json FinalResponse(Api api, const ResponseMeta& meta,
+                             const std::vector<Collected>& choices, const v1::Usage& usage);
 
 // Stream chunks. `content` is the text delta; `finish_reason` is null when empty. Chat's first
 // chunk carries only the assistant role (RoleChunk). With include_usage every chunk has
 // "usage": null and UsageChunk (no choices) comes last.
 nlohmann::json ContentChunk(Api api, const ResponseMeta& meta, const std::string& content,
                             const std::string& finish_reason, bool include_usage,
-                            nlohmann::json logprobs = nullptr);
-nlohmann::json RoleChunk(const ResponseMeta& meta, bool include_usage);
+                            nlohmann::json logprobs = nullptr, int index = 0);
+nlohmann::json RoleChunk(const ResponseMeta& meta, bool include_usage, int index = 0);
 nlohmann::json UsageChunk(Api api, const ResponseMeta& meta, const v1::Usage& usage);
 
 // JSON text; invalid UTF-8 (which only a client's own bytes can carry, e.g. quoted in a parse

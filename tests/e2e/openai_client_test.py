@@ -2,7 +2,7 @@
 """End-to-end: the official OpenAI Python client against a local cluster started with `tandem up`.
 
 Completions and chat, whole and streamed, the model list, penalties and logit bias (lossless
-modes exact with them), logprobs (both shapes, every lossless mode AR's), and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
+modes exact with them), logprobs (both shapes, every lossless mode AR's), n choices and best_of, and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
 the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
 
     .venv-e2e/bin/python openai_client_test.py --tandem build/services/cli/tandem
@@ -192,6 +192,51 @@ class OpenAIClientTest(unittest.TestCase):
                                            extra_body={"mode": "diffusion"})
         self.assertIn("lossy", caught.exception.message)
 
+    def test_n_choices_are_reproducible_and_best_of_ranks(self):
+        def three():
+            return self.client.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0.9, seed=42, n=3,
+                extra_body={"mode": "ar"})
+        first, again = three(), three()
+        texts = [choice.text for choice in first.choices]
+        self.assertEqual([choice.index for choice in first.choices], [0, 1, 2])
+        self.assertEqual(texts, [choice.text for choice in again.choices])
+        self.assertEqual(len(set(texts)), 3, "each choice has its own seed stream")
+        # Every choice's tokens, the prompt once.
+        self.assertGreaterEqual(first.usage.completion_tokens, 3)
+        self.assertLessEqual(first.usage.completion_tokens, 3 * 12)
+        self.assertEqual(first.usage.total_tokens,
+                         first.usage.prompt_tokens + first.usage.completion_tokens)
+
+        streamed = {}
+        for chunk in self.client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Write a function."}],
+                max_tokens=8, temperature=0.9, seed=5, n=2, stream=True,
+                extra_body={"mode": "ar"}):
+            for choice in chunk.choices:
+                streamed[choice.index] = streamed.get(choice.index, "") + (
+                    choice.delta.content or "")
+        whole = self.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Write a function."}],
+            max_tokens=8, temperature=0.9, seed=5, n=2, extra_body={"mode": "ar"})
+        self.assertEqual([streamed[0], streamed[1]],
+                         [choice.message.content for choice in whole.choices])
+
+        best = self.client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3, n=1, best_of=4,
+            logprobs=0, extra_body={"mode": "ar"})
+        candidates = self.client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3, n=4,
+            logprobs=0, extra_body={"mode": "ar"})
+
+        def mean(choice):
+            values = choice.logprobs.token_logprobs
+            return sum(values) / len(values)
+        self.assertEqual(len(best.choices), 1)
+        self.assertEqual(best.choices[0].text,
+                         max(candidates.choices, key=mean).text)
+        self.assertEqual(best.usage.completion_tokens, candidates.usage.completion_tokens)
+
     def test_errors_map_to_client_exceptions(self):
         wrong_key = openai.OpenAI(base_url=self.base_url, api_key="not-the-key", max_retries=0)
         with self.assertRaises(openai.AuthenticationError) as caught:
@@ -200,7 +245,7 @@ class OpenAIClientTest(unittest.TestCase):
         wrong_key.close()
 
         with self.assertRaises(openai.BadRequestError) as caught:
-            self.complete(n=2)
+            self.complete(n=17)
         self.assertEqual(caught.exception.status_code, 400)
         self.assertEqual(caught.exception.param, "n")
 

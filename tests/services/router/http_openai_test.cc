@@ -120,7 +120,7 @@ TEST(HttpOpenAiTest, LogprobsRenderInEachApisShape) {
   collected.text = "Hi";
   collected.finish_reason = "length";
   collected.logprobs = TwoTokens();
-  const nlohmann::json chat = FinalResponse(Api::kChat, meta, collected);
+  const nlohmann::json chat = FinalResponse(Api::kChat, meta, {collected}, collected.usage);
   const nlohmann::json& content = chat["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 2u);
   EXPECT_EQ(content[0]["token"], "Hi");
@@ -131,7 +131,8 @@ TEST(HttpOpenAiTest, LogprobsRenderInEachApisShape) {
   EXPECT_EQ(content[1]["bytes"], nlohmann::json::array({0xc3}));
   EXPECT_EQ(content[1]["top_logprobs"][0]["token"], "!");
 
-  const nlohmann::json completion = FinalResponse(Api::kCompletions, meta, collected);
+  const nlohmann::json completion =
+      FinalResponse(Api::kCompletions, meta, {collected}, collected.usage);
   const nlohmann::json& legacy = completion["choices"][0]["logprobs"];
   EXPECT_EQ(legacy["tokens"], nlohmann::json::array({"Hi", "bytes:\\xc3"}));
   EXPECT_FLOAT_EQ(legacy["token_logprobs"][1].get<float>(), -1.5f);
@@ -140,7 +141,9 @@ TEST(HttpOpenAiTest, LogprobsRenderInEachApisShape) {
   EXPECT_EQ(legacy["text_offset"], nlohmann::json::array({0, 2}));
 
   meta.logprobs = false;
-  EXPECT_TRUE(FinalResponse(Api::kChat, meta, collected)["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(
+      FinalResponse(Api::kChat, meta, {collected}, collected.usage)["choices"][0]["logprobs"]
+          .is_null());
   // A stream's chunks continue the offsets.
   int64_t offset = 7;
   const nlohmann::json chunk = LogprobsJson(Api::kCompletions, TwoTokens(), &offset);
@@ -212,8 +215,11 @@ TEST(HttpOpenAiTest, RefusalsNameTheParameter) {
     const char* param;
   };
   const Case cases[] = {
-      {Api::kCompletions, R"({"prompt": "x", "n": 2})", "n"},
-      {Api::kCompletions, R"({"prompt": "x", "best_of": 3})", "best_of"},
+      {Api::kCompletions, R"({"prompt": "x", "n": 17})", "n"},
+      {Api::kCompletions, R"({"prompt": "x", "n": 0})", "n"},
+      {Api::kCompletions, R"({"prompt": "x", "n": 3, "best_of": 2})", "best_of"},
+      {Api::kCompletions, R"({"prompt": "x", "best_of": 3, "stream": true})", "best_of"},
+      {Api::kChat, R"({"messages": [{"role": "user", "content": "x"}], "best_of": 3})", "best_of"},
       {Api::kCompletions, R"({"prompt": "x", "logprobs": 21})", "logprobs"},
       {Api::kCompletions, R"({"prompt": "x", "logprobs": true})", "logprobs"},
       {Api::kCompletions, R"({"prompt": "x", "top_logprobs": 2})", "top_logprobs"},
@@ -290,7 +296,7 @@ TEST(HttpOpenAiTest, FinalResponsesHaveOpenAiShape) {
   Collect(first, &collected);
   Collect(last, &collected);
 
-  json completion = FinalResponse(Api::kCompletions, Meta(), collected);
+  json completion = FinalResponse(Api::kCompletions, Meta(), {collected}, collected.usage);
   EXPECT_EQ(completion["id"], "cmpl-1");
   EXPECT_EQ(completion["object"], "text_completion");
   EXPECT_EQ(completion["created"], 1700000000);
@@ -305,7 +311,7 @@ TEST(HttpOpenAiTest, FinalResponsesHaveOpenAiShape) {
                                        {"prompt_tokens_details", {{"cached_tokens", 1}}}}));
   EXPECT_EQ(completion["tandem"]["mode"], "spec");
 
-  json chat = FinalResponse(Api::kChat, Meta(), collected);
+  json chat = FinalResponse(Api::kChat, Meta(), {collected}, collected.usage);
   EXPECT_EQ(chat["object"], "chat.completion");
   EXPECT_EQ(chat["choices"][0]["message"],
             json({{"role", "assistant"}, {"content", "Hello world"}}));
@@ -389,4 +395,35 @@ TEST(HttpOpenAiTest, ModelsListAndIds) {
 }
 
 }  // namespace
+TEST(HttpOpenAiTest, ChoicesAndTheirUsage) {
+  absl::StatusOr<ParsedRequest> parsed =
+      ParseRequest(Api::kCompletions, R"({"prompt": "x", "n": 2, "best_of": 5})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->n, 2);
+  EXPECT_EQ(parsed->best_of, 5);
+  parsed = ParseRequest(Api::kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 3})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->n, 3);
+  EXPECT_EQ(parsed->best_of, 3);
+
+  v1::Usage a = Usage(10, 4);
+  v1::Usage b = Usage(10, 6);
+  b.set_cached_tokens(8);
+  const v1::Usage total = TotalUsage({a, b});
+  EXPECT_EQ(total.prompt_tokens(), 10);  // the prompt once, as OpenAI counts it
+  EXPECT_EQ(total.completion_tokens(), 10);
+  EXPECT_EQ(total.cached_tokens(), 8);
+
+  Collected sure;
+  Collected unsure;
+  for (float lp : {-0.1f, -0.3f}) sure.logprobs.Add()->set_logprob(lp);
+  for (float lp : {-2.0f}) unsure.logprobs.Add()->set_logprob(lp);
+  EXPECT_NEAR(MeanLogprob(sure), -0.2, 1e-6);
+  EXPECT_GT(MeanLogprob(unsure), MeanLogprob(Collected{}));
+  const json two = FinalResponse(Api::kChat, Meta(), {sure, unsure}, total);
+  ASSERT_EQ(two["choices"].size(), 2u);
+  EXPECT_EQ(two["choices"][1]["index"], 1);
+  EXPECT_EQ(two["usage"]["total_tokens"], 20);
+}
+
 }  // namespace tandem::http
