@@ -29,9 +29,9 @@ absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& 
                                                    model.id, "'; it serves: auto, ",
                                                    absl::StrJoin(model.modes, ", ")));
   }
-  if (request.max_tokens <= 0) {
+  if (request.max_tokens < 0 || (request.max_tokens == 0 && !request.echo)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("max_tokens must be at least 1, got ", request.max_tokens));
+        absl::StrCat("max_tokens must be at least 1 (0 only with echo), got ", request.max_tokens));
   }
   if (request.max_tokens >= model.max_context) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -31,10 +31,12 @@ struct RouterRequest {
   LogitAdjust adjust;  // ranges checked; ids only >= 0 (the verifier knows the vocabulary)
   bool logprobs = false;
   int top_logprobs = 0;  // within [0, 20] (also without logprobs: a client's mistake either way)
+  bool echo = false;     // the prompt comes back first; max_tokens may then be 0
 };
 
 // Checks `request` against `model` (the description of the model it names): an input that is
-// set and not empty, a mode the model serves, 0 < max_tokens < the model's context, sampling
+// set and not empty, a mode the model serves, 0 < max_tokens < the model's context (0 too with
+// echo), sampling
 // parameters within their ranges (top_k -1 means off, as 0 does), stop token ids >= 0, and the
 // logit bias, penalties and min_tokens (<= max_tokens) within theirs (CheckLogitAdjust).
 absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& model);

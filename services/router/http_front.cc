@@ -106,6 +106,14 @@ struct SseStream {
       have = call.Read(&message);
     }
     if (have) {
+      if (message.prompt_logprobs_size() > 0) {  // echo: the prompt first
+        nlohmann::json logprobs =
+            meta.logprobs ? http::LogprobsJson(api, message.prompt_logprobs(), &text_offset)
+                          : nullptr;
+        out += http::SseEvent(http::ContentChunk(api, meta,
+                                                 http::PromptText(message.prompt_logprobs()), "",
+                                                 include_usage, std::move(logprobs), index));
+      }
       // A chunk for new text, or for tokens whose logprobs were asked for (a stop token, or
       // text held back, has none).
       if (!message.text().empty() || (meta.logprobs && message.logprobs_size() > 0)) {
@@ -220,8 +228,10 @@ class Handlers {
                        ids.empty() ? "none yet" : absl::StrJoin(ids, ", ")),
           "model", "model_not_found");
     }
-    if (!parsed->max_tokens_set) {
-      // Without a model, Generate answers why (no verifier yet, several models).
+    if (!parsed->max_tokens_set && api == http::Api::kChat) {
+      // Chat's default is the rest of the context (completions': kDefaultCompletionMaxTokens,
+      // set by ParseRequest). Without a model, Generate answers why (no verifier yet, several
+      // models).
       request.set_max_tokens(model != nullptr ? std::max(1, model->max_context() - 1)
                                               : http::kDefaultCompletionMaxTokens);
     }

@@ -195,9 +195,6 @@ absl::Status RefuseUnsupported(const json& body) {
       return BadParam(name, absl::StrCat(name, " is not supported by Tandem"));
     }
   }
-  if (const json* echo = Member(body, "echo"); echo != nullptr && *echo != false) {
-    return BadParam("echo", "echo is not supported by Tandem");
-  }
   return absl::OkStatus();
 }
 
@@ -261,7 +258,14 @@ absl::Status ParseLogprobs(Api api, const json& body, v1::GenerateRequest* reque
       request->set_logprobs(true);
       request->set_top_logprobs(static_cast<int32_t>(**logprobs));
     }
+    if (const json* echo = Member(body, "echo"); echo != nullptr) {
+      if (!echo->is_boolean()) return BadParam("echo", "echo must be true or false");
+      request->set_echo(echo->get<bool>());
+    }
     return absl::OkStatus();
+  }
+  if (const json* echo = Member(body, "echo"); echo != nullptr && *echo != false) {
+    return BadParam("echo", "echo is a completions parameter");
   }
   if (const json* logprobs = Member(body, "logprobs"); logprobs != nullptr) {
     if (!logprobs->is_boolean()) return BadParam("logprobs", "logprobs must be true or false");
@@ -565,6 +569,7 @@ std::string NewResponseId(Api api) {
 void Collect(const v1::GenerateResponse& message, Collected* collected) {
   collected->text += message.text();
   collected->logprobs.MergeFrom(message.logprobs());
+  collected->prompt_logprobs.MergeFrom(message.prompt_logprobs());
   if (!message.finish_reason().empty()) {
     collected->finish_reason = message.finish_reason();
     collected->usage = message.usage();
@@ -598,12 +603,17 @@ json LogprobsJson(Api api, const google::protobuf::RepeatedPtrField<v1::TokenLog
   for (const v1::TokenLogprob& l : logprobs) {
     const std::string token = TokenString(l.token());
     tokens.push_back(token);
-    token_logprobs.push_back(l.logprob());
-    // The chosen token and the alternatives, as OpenAI's legacy shape (a token -> logprob map).
-    json top = json::object();
-    top[token] = l.logprob();
-    for (const v1::TopLogprob& t : l.top()) top[TokenString(t.token())] = t.logprob();
-    top_logprobs.push_back(std::move(top));
+    if (!l.has_logprob()) {  // an echoed prompt's first token
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+    } else {
+      token_logprobs.push_back(l.logprob());
+      // The chosen token and the alternatives, as OpenAI's legacy shape (token -> logprob).
+      json top = json::object();
+      top[token] = l.logprob();
+      for (const v1::TopLogprob& t : l.top()) top[TokenString(t.token())] = t.logprob();
+      top_logprobs.push_back(std::move(top));
+    }
     offsets.push_back(*text_offset);
     *text_offset += static_cast<int64_t>(l.token().size());
   }
@@ -618,6 +628,12 @@ json UsageJson(const v1::Usage& usage) {
               {"completion_tokens", usage.completion_tokens()},
               {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()},
               {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens()}}}};
+}
+
+std::string PromptText(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& prompt) {
+  std::string text;
+  for (const v1::TokenLogprob& l : prompt) text += l.token();
+  return text;
 }
 
 double MeanLogprob(const Collected& collected) {
@@ -644,15 +660,18 @@ json FinalResponse(Api api, const ResponseMeta& meta, const std::vector<Collecte
   json out = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const Collected& collected = choices[i];
+    // echo: the prompt's tokens lead the text and the logprobs.
+    google::protobuf::RepeatedPtrField<v1::TokenLogprob> logprobs = collected.prompt_logprobs;
+    logprobs.MergeFrom(collected.logprobs);
     int64_t text_offset = 0;
-    json choice = {{"index", i},
-                   {"logprobs", meta.logprobs ? LogprobsJson(api, collected.logprobs, &text_offset)
-                                              : json(nullptr)},
-                   {"finish_reason", FinishReason(collected.finish_reason)}};
+    json choice = {
+        {"index", i},
+        {"logprobs", meta.logprobs ? LogprobsJson(api, logprobs, &text_offset) : json(nullptr)},
+        {"finish_reason", FinishReason(collected.finish_reason)}};
     if (api == Api::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", collected.text}};
     } else {
-      choice["text"] = collected.text;
+      choice["text"] = PromptText(collected.prompt_logprobs) + collected.text;
     }
     out.push_back(std::move(choice));
   }

@@ -68,8 +68,12 @@ struct Collected {
   std::string mode;
   bool lossy = false;
   google::protobuf::RepeatedPtrField<v1::TokenLogprob> logprobs;
+  google::protobuf::RepeatedPtrField<v1::TokenLogprob> prompt_logprobs;  // echo
 };
 void Collect(const v1::GenerateResponse& message, Collected* collected);
+
+// An echoed prompt's text: its tokens' bytes.
+std::string PromptText(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& prompt);
 
 // The mean logprob of a collected completion's tokens (best_of's ranking); -inf without tokens.
 double MeanLogprob(const Collected& collected);

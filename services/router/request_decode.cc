@@ -43,6 +43,7 @@ router::RouterRequest ToRouterRequest(const v1::GenerateRequest& request) {
   out.adjust = ToLogitAdjust(request);
   out.logprobs = request.logprobs();
   out.top_logprobs = request.top_logprobs();
+  out.echo = request.echo();
   return out;
 }
 

@@ -162,6 +162,8 @@ class RelayCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Attempt* attempt = owned.get();
     attempt->request = request_;
     attempt->request.mutable_committed_token_ids()->Add(committed_.begin(), committed_.end());
+    // The prompt a client asked to echo is streamed once, by the first verifier that sent it.
+    if (prompt_echoed_) attempt->request.mutable_request()->set_echo(false);
     if (deadline_ != std::chrono::system_clock::time_point::max()) {
       attempt->context.set_deadline(deadline_);
     }
@@ -190,6 +192,7 @@ class RelayCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     recorder_.set_mode(response.mode());
     recorder_.OnChunk(response.token_ids_size());
     committed_.insert(committed_.end(), response.token_ids().begin(), response.token_ids().end());
+    if (response.prompt_logprobs_size() > 0) prompt_echoed_ = true;
     if (!response.finish_reason().empty()) {
       finished_ = true;
       // The verifier counts only what it produced; the client's usage covers the whole stream.
@@ -293,7 +296,8 @@ class RelayCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Completion tokens relayed so far. Like the fields below, touched only by the callback that
   // holds the turn (a read, a write, or the end of an attempt), never two at once.
   std::vector<int32_t> committed_;
-  bool finished_ = false;  // the message with finish_reason was relayed
+  bool finished_ = false;       // the message with finish_reason was relayed
+  bool prompt_echoed_ = false;  // echo: the prompt's tokens were relayed
   int migrations_done_ = 0;
   RequestRecorder recorder_{nullptr};
   grpc::ByteBuffer out_;      // the message being written to the client

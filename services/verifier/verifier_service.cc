@@ -32,20 +32,24 @@ std::string TokenBytes(const Tokenizer& tokenizer, int32_t id) {
   return bytes.ok() ? *std::move(bytes) : std::string();
 }
 
+void ToProto(const TokenLogprob& l, const Tokenizer& tokenizer, v1::TokenLogprob* out) {
+  out->set_token_id(l.token);
+  if (l.has_logprob) out->set_logprob(l.logprob);
+  out->set_token(TokenBytes(tokenizer, l.token));
+  for (const auto& [id, logprob] : l.top) {
+    v1::TopLogprob* top = out->add_top();
+    top->set_token_id(id);
+    top->set_logprob(logprob);
+    top->set_token(TokenBytes(tokenizer, id));
+  }
+}
+
 v1::GenerateResponse ToResponse(const SequenceEvent& event, const Tokenizer& tokenizer) {
   v1::GenerateResponse response;
   response.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
-  for (const TokenLogprob& l : event.logprobs) {
-    v1::TokenLogprob* out = response.add_logprobs();
-    out->set_token_id(l.token);
-    out->set_logprob(l.logprob);
-    out->set_token(TokenBytes(tokenizer, l.token));
-    for (const auto& [id, logprob] : l.top) {
-      v1::TopLogprob* top = out->add_top();
-      top->set_token_id(id);
-      top->set_logprob(logprob);
-      top->set_token(TokenBytes(tokenizer, id));
-    }
+  for (const TokenLogprob& l : event.logprobs) ToProto(l, tokenizer, response.add_logprobs());
+  for (const TokenLogprob& l : event.prompt_logprobs) {
+    ToProto(l, tokenizer, response.add_prompt_logprobs());
   }
   response.set_text(event.text);
   response.set_mode(event.mode);
@@ -174,7 +178,7 @@ void StreamSink::OnEvent(SequenceEvent event) {
     final_status_ = ToGrpcStatus(event.error);
   } else {
     // Empty intermediate events (a step that committed nothing visible) are not worth a write.
-    if (last || !event.tokens.empty() || !event.text.empty()) {
+    if (last || !event.tokens.empty() || !event.text.empty() || !event.prompt_logprobs.empty()) {
       bool own_buffer = false;
       grpc::ByteBuffer& out = queue_.emplace_back();
       grpc::SerializationTraits<v1::GenerateResponse>::Serialize(ToResponse(event, *tokenizer_),
@@ -333,9 +337,9 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
     case v1::GenerateRequest::INPUT_NOT_SET:
       return absl::InvalidArgumentError("the request has no input: set prompt, chat or token_ids");
   }
-  if (request.max_tokens() <= 0) {
+  if (request.max_tokens() < 0 || (request.max_tokens() == 0 && !request.echo())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("max_tokens must be positive, got ", request.max_tokens()));
+        absl::StrCat("max_tokens must be positive (0 only with echo), got ", request.max_tokens()));
   }
   if (request.max_tokens() > config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens ", request.max_tokens(),
@@ -368,6 +372,7 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
   out.adjust = ToLogitAdjust(request);
   out.logprobs = request.logprobs();
   out.top_logprobs = request.top_logprobs();
+  out.echo = request.echo();
   out.mode = request.mode();
   out.committed.assign(verify.committed_token_ids().begin(), verify.committed_token_ids().end());
   out.drafter = verify.drafter();

@@ -2,7 +2,8 @@
 """End-to-end: the official OpenAI Python client against a local cluster started with `tandem up`.
 
 Completions and chat, whole and streamed, the model list, penalties and logit bias (lossless
-modes exact with them), logprobs (both shapes, every lossless mode AR's), n choices and best_of, and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
+modes exact with them), logprobs (both shapes, every lossless mode AR's), echo (scoring a prompt), n choices and
+best_of, and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
 the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
 
     .venv-e2e/bin/python openai_client_test.py --tandem build/services/cli/tandem
@@ -191,6 +192,33 @@ class OpenAIClientTest(unittest.TestCase):
             self.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logprobs=2,
                                            extra_body={"mode": "diffusion"})
         self.assertIn("lossy", caught.exception.message)
+
+    def test_echo_scores_a_prompt_as_evaluation_harnesses_ask(self):
+        # lm-evaluation-harness' loglikelihood request: echo, logprobs, no new tokens.
+        scored = self.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0,
+                                                echo=True, logprobs=1, temperature=0)
+        choice = scored.choices[0]
+        self.assertEqual(choice.text, PROMPT)
+        self.assertEqual(len(choice.logprobs.tokens), scored.usage.prompt_tokens)
+        self.assertEqual(scored.usage.completion_tokens, 0)
+        self.assertIsNone(choice.logprobs.token_logprobs[0])
+        self.assertIsNone(choice.logprobs.top_logprobs[0])
+        self.assertTrue(all(lp <= 0 for lp in choice.logprobs.token_logprobs[1:]))
+        self.assertEqual("".join(choice.logprobs.tokens), PROMPT)
+
+        # With a completion: the prompt leads the text, streamed or not, and its tokens lead
+        # the logprobs; the completion's logprobs are the same as without echo.
+        whole = self.complete(echo=True, logprobs=0)
+        plain = self.complete(logprobs=0)
+        self.assertEqual(whole.choices[0].text, PROMPT + plain.choices[0].text)
+        prompt_tokens = whole.usage.prompt_tokens
+        # The prompt ran in other extend shapes (every row an output): equal up to rounding.
+        for got, want in zip(whole.choices[0].logprobs.token_logprobs[prompt_tokens:],
+                             plain.choices[0].logprobs.token_logprobs, strict=True):
+            self.assertAlmostEqual(got, want, delta=1e-4)
+        streamed = "".join(chunk.choices[0].text for chunk in self.complete(echo=True, stream=True)
+                           if chunk.choices)
+        self.assertEqual(streamed, whole.choices[0].text)
 
     def test_n_choices_are_reproducible_and_best_of_ranks(self):
         def three():

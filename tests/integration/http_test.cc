@@ -231,7 +231,7 @@ TEST_F(HttpTest, ErrorsAreOpenAiShaped) {
   };
   const std::vector<Case> cases = {
       {"/v1/completions", R"({"prompt": "x", )", 400, "not valid JSON"},
-      {"/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n = 1"},
+      {"/v1/completions", R"({"prompt": "x", "n": 17})", 400, "between 1 and 16"},
       {"/v1/completions", R"({"prompt": ""})", 400, ""},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens"},
       {"/v1/completions", R"({"prompt": "x", "mode": "no-such-mode"})", 400, "no-such-mode"},
@@ -243,8 +243,8 @@ TEST_F(HttpTest, ErrorsAreOpenAiShaped) {
        "outside the vocabulary"},
       {"/v1/completions", R"({"prompt": "x", "top_k": -2})", 400, "top_k"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "messages"},
-      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400,
-       "n = 1"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", 400,
+       "between 1 and 16"},
   };
   for (const Case& c : cases) {
     for (const char* stream : {"", "stream"}) {

@@ -66,9 +66,12 @@ TEST(RequestCheckTest, RefusesAModeTheModelDoesNotServe) {
 TEST(RequestCheckTest, RefusesMaxTokensOutsideTheContext) {
   RouterRequest r = Good();
   r.max_tokens = 0;
-  EXPECT_EQ(Check(r), "max_tokens must be at least 1, got 0");
+  EXPECT_EQ(Check(r), "max_tokens must be at least 1 (0 only with echo), got 0");
+  r.echo = true;  // scoring a prompt
+  EXPECT_EQ(Check(r), "");
   r.max_tokens = -4;
-  EXPECT_EQ(Check(r), "max_tokens must be at least 1, got -4");
+  EXPECT_EQ(Check(r), "max_tokens must be at least 1 (0 only with echo), got -4");
+  r.echo = false;
   r.max_tokens = 512;
   EXPECT_NE(Check(r).find("max_tokens 512 does not fit the context of model 'm' (512 tokens"),
             std::string::npos);

@@ -23,6 +23,8 @@ double LogSumExp(std::span<const float> row) {
   return max + std::log(sum);
 }
 
+}  // namespace
+
 TokenLogprob RowLogprob(std::span<const float> row, int32_t token, int top) {
   const double lse = LogSumExp(row);
   const auto logprob = [&](int32_t id) {
@@ -43,8 +45,6 @@ TokenLogprob RowLogprob(std::span<const float> row, int32_t token, int top) {
   }
   return out;
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<TokenLogprob>> StepLogprobs(const DecodeState& state,
                                                        const StepPlan& plan,

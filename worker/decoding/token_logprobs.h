@@ -21,9 +21,13 @@ namespace tandem {
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0;
+  bool has_logprob = true;  // false for a prompt's first token, which nothing predicts
   // The `top` most likely tokens of the same row, most likely first (ties: lower id first).
   std::vector<std::pair<int32_t, float>> top;
 };
+
+// `token`'s log-probability in `row` (log-softmax) with the row's `top` most likely tokens.
+TokenLogprob RowLogprob(std::span<const float> row, int32_t token, int top);
 
 // One entry per token of `append` (the tokens the step gained after state.tokens), with the
 // `top` (0..kMaxTopLogprobs) most likely alternatives. Internal when a token has no row of its

@@ -101,6 +101,8 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
     }
     seq->top_logprobs = request.top_logprobs;
   }
+  // The prompt's rows are the target's AR rows in every mode: echo needs no lossless mode.
+  seq->echo = request.echo;
   seq->sampling = request.sampling;
   TANDEM_RETURN_IF_ERROR(SetUpStops(*seq, request));
   seq->deadline = request.deadline;
@@ -121,9 +123,9 @@ absl::StatusOr<std::shared_ptr<EngineSequence>> Engine::Impl::BuildSequence(
     return absl::InvalidArgumentError(
         "request has several inputs: set exactly one of prompt, chat and prompt_ids");
   }
-  if (request.max_tokens <= 0) {
+  if (request.max_tokens < 0 || (request.max_tokens == 0 && !request.echo)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("max_tokens must be positive, got ", request.max_tokens));
+        absl::StrCat("max_tokens must be positive (0 only with echo), got ", request.max_tokens));
   }
   auto seq = std::make_shared<EngineSequence>();
   if (!request.prompt_ids.empty()) {
@@ -149,7 +151,7 @@ absl::StatusOr<std::shared_ptr<EngineSequence>> Engine::Impl::BuildSequence(
                      committed > 0 ? absl::StrCat(" and ", committed, " committed ones") : "",
                      "; the context holds ", context_, ", leaving no room for a new token"));
   }
-  if (committed >= request.max_tokens) {
+  if (committed > 0 && committed >= request.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("the request already has ", committed,
                                                    " committed tokens of max_tokens ",
                                                    request.max_tokens));
@@ -437,14 +439,35 @@ void Engine::Impl::PublishKv(const EngineSequence& s) {
 // The sequence's extend for this step: an engine prefill slice, or the mode's plan. nullopt
 // when the sequence ended instead (a plan past every bound).
 std::optional<Engine::Impl::Planned> Engine::Impl::PlanSequence(const SeqPtr& seq, int room) {
-  if (seq->kv_len == 0 && options_.prefix_cache) AttachCachedPrefix(*seq);
+  const bool echoing = seq->echo && seq->echoed < seq->prompt_len;
+  if (echoing && seq->echoed == 0) {
+    // The prompt's first token: no logprob, nothing predicts it.
+    SequenceEvent event;
+    event.prompt_logprobs.push_back({.token = seq->tokens[0], .has_logprob = false});
+    event.mode = seq->mode_name;
+    event.lossless = seq->lossless;
+    seq->echoed = 1;
+    seq->sink->OnEvent(std::move(event));
+  }
+  if (seq->max_new == 0 && seq->kv_len >= seq->prompt_len - 1) {  // echo alone: scored
+    Finish(seq, FinishReason::kLength, absl::OkStatus());
+    return std::nullopt;
+  }
+  // The cache has no logits: a prompt to echo is computed whole.
+  if (seq->kv_len == 0 && options_.prefix_cache && !echoing) AttachCachedPrefix(*seq);
   Planned p;
   p.seq = seq;
   p.state = StateOf(*seq);
   const int chunk_limit = std::max(1, std::min(options_.prefill_chunk, room));
   const int exact = seq->migrated ? model_->model->backend()->ExactExtendTokens() : 0;
-  if (std::optional<StepPlan> slice =
-          ReplaySlice(seq->tokens, seq->kv_len, chunk_limit, seq->prompt_len, exact)) {
+  std::optional<StepPlan> echo_slice;
+  if (echoing) echo_slice = EchoSlice(seq->tokens, seq->kv_len, chunk_limit, seq->prompt_len);
+  if (echo_slice.has_value()) {
+    p.prefill = true;
+    p.echo = true;
+    p.plan = std::move(*echo_slice);
+  } else if (std::optional<StepPlan> slice =
+                 ReplaySlice(seq->tokens, seq->kv_len, chunk_limit, seq->prompt_len, exact)) {
     p.prefill = true;
     p.plan = std::move(*slice);
   } else {
@@ -546,12 +569,34 @@ void Engine::Impl::CommitPrefill(Planned& p, const ExtendOutput& out) {
   const int kv_before = s.kv_len;
   s.kv_len += static_cast<int>(keep.size());
   PublishKv(s);
+  if (p.echo) EchoPrompt(s, out, kv_before);
   HiddenRows rows = FinalHidden(s, p, out, keep, kv_before);
   if (!rows.empty() && s.session_open && s.chain.enabled) {
     absl::Status advanced =
         s.channel->Advance(s.id, static_cast<int>(s.tokens.size()), {}, s.gamma, rows);
     if (!advanced.ok()) DisableDrafting(s, advanced);
   }
+}
+
+// Streams the prompt tokens an echo slice's rows predict (row i: token kv_before + i + 1) with
+// their logprobs, those not streamed before (a preempted sequence recomputes its prompt).
+void Engine::Impl::EchoPrompt(EngineSequence& s, const ExtendOutput& out, int kv_before) {
+  const int vocab = model_->model->config().vocab_size;
+  const int rows = static_cast<int>(out.logits.size() / static_cast<size_t>(vocab));
+  SequenceEvent event;
+  for (int r = 0; r < rows; ++r) {
+    const int target = kv_before + r + 1;
+    if (target < s.echoed || target >= s.prompt_len) continue;
+    const std::span<const float> row(out.logits.data() + static_cast<size_t>(r) * vocab,
+                                     static_cast<size_t>(vocab));
+    event.prompt_logprobs.push_back(
+        RowLogprob(row, s.tokens[static_cast<size_t>(target)], std::max(0, s.top_logprobs)));
+    s.echoed = target + 1;
+  }
+  if (event.prompt_logprobs.empty()) return;
+  event.mode = s.mode_name;
+  event.lossless = s.lossless;
+  s.sink->OnEvent(std::move(event));
 }
 
 // Consume and commit a mode's extend: the mode's result is checked, its kept KV committed, its

@@ -91,6 +91,10 @@ struct SequenceRequest {
   // `top_logprobs` (0..kMaxTopLogprobs) alternatives. Lossless modes only.
   bool logprobs = false;
   int top_logprobs = 0;
+  // Stream the prompt's tokens first (SequenceEvent::prompt_logprobs), with the logprob of each
+  // but the first (and `top_logprobs` alternatives when `logprobs`). Lossless modes only; allows
+  // max_tokens 0 (score a prompt without generating).
+  bool echo = false;
   std::string drafter;  // drafter address for `spec`; "" = the engine's default
   absl::Time deadline = absl::InfiniteFuture();
 };
@@ -112,7 +116,9 @@ struct SequenceUsage {
 struct SequenceEvent {
   std::vector<int32_t> tokens;         // newly committed completion tokens
   std::vector<TokenLogprob> logprobs;  // one per token when the request asked for logprobs
-  std::string text;                    // text delta (whole UTF-8 characters; stop strings withheld)
+  std::vector<TokenLogprob>
+      prompt_logprobs;  // echo: the next prompt tokens (the first: no logprob)
+  std::string text;     // text delta (whole UTF-8 characters; stop strings withheld)
   FinishReason finish = FinishReason::kNone;
   absl::Status error;  // the sequence failed (an engine bug or a lost model)
   std::string mode;

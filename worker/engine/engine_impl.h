@@ -38,6 +38,8 @@ struct EngineSequence {
   LogitAdjust adjust;     // active(): every step returns logits and they are adjusted on the host
   TokenHistory history;   // the counts `adjust` reads
   int top_logprobs = -1;  // >= 0: each token's logprob and this many alternatives are streamed
+  bool echo = false;      // the prompt's tokens and logprobs are streamed first
+  int echoed = 0;         // prompt tokens streamed so far (a recomputed prompt is not resent)
 
   std::vector<int32_t> tokens;  // prompt, migrated tokens, then generated tokens: all final
   int prompt_len = 0;
@@ -139,7 +141,8 @@ class Engine::Impl {
   // One scheduled extend of this step.
   struct Planned {
     SeqPtr seq;
-    bool prefill = false;     // an engine-run prefill chunk: no outputs, the mode is not involved
+    bool prefill = false;     // an engine-run prefill chunk: the mode is not involved
+    bool echo = false;        // a prefill chunk whose every row is an output (EchoSlice)
     bool draft_step = false;  // a spec step that could verify drafts (for fallback metrics)
     DecodeState state;
     StepPlan plan;
@@ -179,6 +182,7 @@ class Engine::Impl {
   bool ReserveKv(const SeqPtr& seq, int tokens, const std::vector<Planned>& batch);
   std::vector<absl::StatusOr<ExtendOutput>> RunForward(const std::vector<Planned>& batch);
   void CommitPrefill(Planned& p, const ExtendOutput& out);
+  void EchoPrompt(EngineSequence& s, const ExtendOutput& out, int kv_before);
   std::optional<SequenceObservation> ConsumeModeStep(Planned& p, ExtendOutput& out,
                                                      absl::Time step_start);
   void Emit(const SeqPtr& seq, std::span<const int32_t> append, const HiddenRows& rows,

@@ -25,6 +25,16 @@ std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len
   return Chunk(tokens, kv_len, std::min(chunk_limit, pending - 1));
 }
 
+std::optional<StepPlan> EchoSlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit,
+                                  int prompt_len) {
+  const int left = prompt_len - 1 - kv_len;
+  if (left <= 0) return std::nullopt;
+  StepPlan plan = Chunk(tokens, kv_len, std::min({chunk_limit, kMaxEchoRows, left}));
+  plan.outputs.resize(plan.tokens.size());
+  for (size_t i = 0; i < plan.outputs.size(); ++i) plan.outputs[i] = static_cast<int32_t>(i);
+  return plan;
+}
+
 std::optional<StepPlan> ReplaySlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit,
                                     int prompt_len, int exact_tokens) {
   if (exact_tokens <= 0 || prompt_len >= static_cast<int>(tokens.size())) {

@@ -30,6 +30,14 @@ struct EngineSequence;  // engine_impl.h
 // pending ≤ chunk_limit).
 std::optional<StepPlan> PrefillSlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit);
 
+// Plan: the engine's prefill slice of a sequence that asked for its prompt's logprobs (echo):
+// the next tokens of the prompt but its last (at most chunk_limit and kMaxEchoRows), every row
+// an output, since row i predicts prompt token i + 1. nullopt once only the last prompt token
+// is left (the mode's first step takes it, and its row predicts the first completion token).
+inline constexpr int kMaxEchoRows = 64;  // rows of vocabulary-sized logits one slice returns
+std::optional<StepPlan> EchoSlice(std::span<const int32_t> tokens, int kv_len, int chunk_limit,
+                                  int prompt_len);
+
 // Plan: PrefillSlice for a sequence that arrived with completion tokens decoded elsewhere
 // (migration): tokens[prompt_len, end) were decoded one by one on another verifier. Their KV is
 // rebuilt in the shapes their first run gave it, so that it is the same bit for bit on a backend

@@ -20,6 +20,8 @@ class CollectingSink : public SequenceSink {
     if (!event.error.ok()) ++errors_;
     tokens_.insert(tokens_.end(), event.tokens.begin(), event.tokens.end());
     logprobs_.insert(logprobs_.end(), event.logprobs.begin(), event.logprobs.end());
+    prompt_logprobs_.insert(prompt_logprobs_.end(), event.prompt_logprobs.begin(),
+                            event.prompt_logprobs.end());
     text_ += event.text;
     if (done_) ++after_done_;
     if (event.finish != FinishReason::kNone || !event.error.ok()) {
@@ -58,6 +60,10 @@ class CollectingSink : public SequenceSink {
     absl::MutexLock lock(&mu_);
     return logprobs_;
   }
+  std::vector<TokenLogprob> prompt_logprobs() const {
+    absl::MutexLock lock(&mu_);
+    return prompt_logprobs_;
+  }
   std::string text() const {
     absl::MutexLock lock(&mu_);
     return text_;
@@ -91,6 +97,7 @@ class CollectingSink : public SequenceSink {
   mutable absl::Mutex mu_;
   std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
   std::vector<TokenLogprob> logprobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<TokenLogprob> prompt_logprobs_ ABSL_GUARDED_BY(mu_);
   std::string text_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool backlogged_ ABSL_GUARDED_BY(mu_) = false;

@@ -355,5 +355,82 @@ TEST_F(EngineLogitsTest, LogprobsAreRefusedForLossyModesAndPastTheirLimit) {
   EXPECT_NE(id.status().message().find("top_logprobs"), std::string::npos) << id.status();
 }
 
+// The log-softmax of one forward of `tokens` with every row an output: row i's logprob of
+// token i + 1.
+std::vector<float> HandPromptLogprobs(Transformer& model, const std::vector<int32_t>& tokens) {
+  const int vocab = model.config().vocab_size;
+  KvCache kv(model.KvOptions(static_cast<int64_t>(tokens.size()) + 64));
+  EXPECT_TRUE(kv.AddSequence(1).ok());
+  const int n = static_cast<int>(tokens.size());
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  std::vector<int32_t> outputs(n - 1);
+  std::iota(outputs.begin(), outputs.end(), 0);
+  EXPECT_TRUE(kv.Reserve(1, n));
+  const Extend extend{.seq = 1, .tokens = tokens, .positions = positions, .outputs = outputs};
+  absl::StatusOr<std::vector<ExtendOutput>> out = model.Forward({&extend, 1}, kv);
+  EXPECT_TRUE(out.ok()) << out.status();
+  std::vector<float> logprobs;
+  for (int r = 0; r + 1 < n && out.ok(); ++r) {
+    const float* row = (*out)[0].logits.data() + static_cast<size_t>(r) * vocab;
+    double sum = 0;
+    const float target = row[tokens[r + 1]];
+    for (int t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(row[t]) - target);
+    logprobs.push_back(static_cast<float>(-std::log(sum)));
+  }
+  return logprobs;
+}
+
+// echo: the prompt's tokens come first with their logprobs (the first has none), over several
+// slices for a long prompt and past a cached prefix; max_tokens 0 scores without generating;
+// the completion is the same as without echo.
+TEST_F(EngineLogitsTest, EchoStreamsThePromptsLogprobs) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  std::vector<int32_t> prompt;
+  for (int p = 0; p < kPrompts; ++p) {
+    prompt.insert(prompt.end(), (*prompts_)[p].begin(), (*prompts_)[p].end());
+  }
+  ASSERT_GT(prompt.size(), 64u + 16u);  // more than one echo slice
+  const std::vector<float> hand = HandPromptLogprobs(*model_->model, prompt);
+  // The prompt cached first: an echo computes it anyway.
+  SequenceRequest plain = Request("ar", 0, {});
+  plain.prompt_ids = prompt;
+  const std::vector<int32_t> warm = Submit(*engine, {plain})[0]->tokens();
+  ASSERT_GE(warm.size(), 8u);
+  std::vector<SequenceRequest> requests;
+  for (const char* mode : {"ar", "spec", "diffusion"}) {
+    for (int max_tokens : {0, 8}) {
+      SequenceRequest r = Request(mode, 0, {});
+      r.prompt_ids = prompt;
+      r.echo = true;
+      r.logprobs = std::string(mode) != "diffusion";  // the prompt alone needs no lossless mode
+      r.top_logprobs = r.logprobs ? 2 : 0;
+      r.max_tokens = max_tokens;
+      requests.push_back(r);
+    }
+  }
+  const auto sinks = Submit(*engine, requests);
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    SCOPED_TRACE(requests[i].mode + " max_tokens " + std::to_string(requests[i].max_tokens));
+    const std::vector<TokenLogprob> echoed = sinks[i]->prompt_logprobs();
+    ASSERT_EQ(echoed.size(), prompt.size());
+    EXPECT_FALSE(echoed[0].has_logprob);
+    EXPECT_EQ(echoed[0].token, prompt[0]);
+    for (size_t k = 1; k < echoed.size(); ++k) {
+      EXPECT_EQ(echoed[k].token, prompt[k]);
+      EXPECT_TRUE(echoed[k].has_logprob);
+      EXPECT_NEAR(echoed[k].logprob, hand[k - 1], 2e-4) << "prompt token " << k;
+      EXPECT_EQ(echoed[k].top.size(), requests[i].logprobs ? 2u : 0u);
+    }
+    if (requests[i].max_tokens == 0) {
+      EXPECT_TRUE(sinks[i]->tokens().empty());
+      EXPECT_EQ(sinks[i]->finish(), FinishReason::kLength);
+    } else if (requests[i].mode != "diffusion") {
+      EXPECT_EQ(sinks[i]->tokens(), std::vector<int32_t>(warm.begin(), warm.begin() + 8));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem
