@@ -418,6 +418,7 @@ void Engine::Impl::AttachCachedPrefix(EngineSequence& s) {
 bool Engine::Impl::WaitsForSharedPrefill(const EngineSequence& seq,
                                          const std::vector<SeqPtr>& candidates) const {
   if (!options_.prefix_cache || seq.kv_len > 0) return false;
+  if (seq.echo && seq.echoed < seq.prompt_len) return false;  // computes its prompt anyway
   const int block = options_.kv_block_size;
   for (const SeqPtr& other : candidates) {
     const EngineSequence& o = *other;
@@ -668,8 +669,9 @@ std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, Ext
   }
   std::vector<TokenLogprob> logprobs;
   if (s.top_logprobs >= 0) {
-    absl::StatusOr<std::vector<TokenLogprob>> read = StepLogprobs(
-        p.state, p.plan, out, model_->model->config().vocab_size, result->append, s.top_logprobs);
+    absl::StatusOr<std::vector<TokenLogprob>> read =
+        StepLogprobs(p.state, p.plan, *mode_out, model_->model->config().vocab_size, result->append,
+                     s.top_logprobs);
     if (!read.ok()) {
       Finish(p.seq, FinishReason::kNone, read.status());
       return std::nullopt;

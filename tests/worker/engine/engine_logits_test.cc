@@ -57,18 +57,21 @@ class EngineLogitsTest : public ::testing::Test {
     if (model_ == nullptr) GTEST_SKIP() << "no bundled model at " << kModelDir;
   }
 
-  static std::unique_ptr<Engine> MakeEngine() {
+  // `hidden_layers`: the drafter asks for the target's hidden states of these layers.
+  static std::unique_ptr<Engine> MakeEngine(std::vector<int32_t> hidden_layers = {}) {
     EngineOptions options;
     options.default_drafter = kDrafter;
     options.draft_timeout = absl::Seconds(10);  // chains always arrive: spec really drafts
     options.adaptive_gamma = false;             // and verifies γ drafts every step
     Transformer* target = model_->model.get();
     DraftChannelFactory drafters =
-        [target](
+        [target, hidden_layers](
             const std::string& address,
             DraftChannel::ChainCallback on_chain) -> absl::StatusOr<std::unique_ptr<DraftChannel>> {
       if (address != kDrafter) return absl::NotFoundError("no such drafter");
-      return std::make_unique<InProcessDraftChannel>(target, 512, std::move(on_chain));
+      return std::make_unique<InProcessDraftChannel>(target, 512, std::move(on_chain),
+                                                     InProcessDraftChannel::Failure::kNone, 0,
+                                                     hidden_layers);
     };
     absl::StatusOr<std::unique_ptr<Engine>> engine =
         Engine::Create(model_, std::move(options), std::move(drafters));
@@ -312,6 +315,24 @@ TEST_F(EngineLogitsTest, EveryLosslessModeStreamsArsLogprobs) {
       }
     }
   }
+}
+
+// A drafter that reads the target's hidden states adds taps to the verify forward; the logprobs
+// still come from the rows the mode consumed.
+TEST_F(EngineLogitsTest, LogprobsWithAHiddenStateDrafter) {
+  auto engine = MakeEngine({1});
+  ASSERT_NE(engine, nullptr);
+  SequenceRequest r = Request("spec", 0, {});
+  r.logprobs = true;
+  SequenceRequest ar = Request("ar", 0, {});
+  ar.logprobs = true;
+  const auto sinks = Submit(*engine, {r, ar});
+  EXPECT_GT(sinks[0]->usage().drafted, 0);
+  EXPECT_EQ(sinks[0]->tokens(), sinks[1]->tokens());
+  const std::vector<TokenLogprob> spec = sinks[0]->logprobs();
+  const std::vector<TokenLogprob> want = sinks[1]->logprobs();
+  ASSERT_EQ(spec.size(), want.size());
+  for (size_t k = 0; k < spec.size(); ++k) EXPECT_NEAR(spec[k].logprob, want[k].logprob, 1e-4);
 }
 
 TEST_F(EngineLogitsTest, SampledTokensAreTheSameWithLogprobs) {
