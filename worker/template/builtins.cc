@@ -112,9 +112,25 @@ absl::StatusOr<Value> Affix(const std::string& s, const Value& affix, bool prefi
   return Value(*hit);
 }
 
-std::string Replace(const std::string& s, const std::string& from, const std::string& to,
-                    int64_t count) {
+// Results are bounded like everything a template makes (render.h's kMaxOutputBytes; the same
+// value, which this file cannot include without a cycle).
+constexpr size_t kMaxResultBytes = size_t{64} << 20;
+
+absl::StatusOr<std::string> Replace(const std::string& s, const std::string& from,
+                                    const std::string& to, int64_t count) {
   if (from.empty()) return s;
+  size_t matches = 0;
+  for (size_t at = s.find(from);
+       at != std::string::npos && (count < 0 || matches < static_cast<size_t>(count));
+       at = s.find(from, at + from.size())) {
+    ++matches;
+  }
+  if (to.size() > from.size() &&
+      static_cast<double>(matches) * static_cast<double>(to.size() - from.size()) +
+              static_cast<double>(s.size()) >
+          static_cast<double>(kMaxResultBytes)) {
+    return Bad("replace: the result would pass the template's bounds");
+  }
   std::string out;
   size_t start = 0;
   size_t at;
@@ -319,10 +335,16 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value, co
     if (!items.ok()) return items.status();
     const Value attribute = Arg(args, 1, "attribute");
     std::vector<std::string> parts;
+    const std::string separator = Arg(args, 0, "d", Value("")).Str();
+    double size = 0;
     for (const Value& item : *items) {
       parts.push_back((attribute.is_undefined() ? item : Attribute(item, attribute)).Str());
+      size += static_cast<double>(parts.back().size() + separator.size());
     }
-    return Value(absl::StrJoin(parts, Arg(args, 0, "d", Value("")).Str()));
+    if (size > static_cast<double>(kMaxResultBytes)) {
+      return Bad("join: the result would pass the template's bounds");
+    }
+    return Value(absl::StrJoin(parts, separator));
   }
   if (name == "first" || name == "last") {
     absl::StatusOr<List> items = Iterate(value);
@@ -364,8 +386,11 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value, co
   }
   if (name == "replace") {
     const Value count = Arg(args, 2, "count");
-    return Value(Replace(text(), Arg(args, 0, "old").Str(), Arg(args, 1, "new").Str(),
-                         count.kind() == Value::Kind::kInt ? count.as_int() : -1));
+    absl::StatusOr<std::string> out =
+        Replace(text(), Arg(args, 0, "old").Str(), Arg(args, 1, "new").Str(),
+                count.kind() == Value::Kind::kInt ? count.as_int() : -1);
+    if (!out.ok()) return out.status();
+    return Value(*std::move(out));
   }
   if (name == "int") return ToInt(value, Arg(args, 0, "default"));
   if (name == "float") {
@@ -412,15 +437,18 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value, co
   }
   if (name == "indent") {
     const Value width = Arg(args, 0, "width", Value(int64_t{4}));
+    const int64_t spaces = std::clamp<int64_t>(
+        width.kind() == Value::Kind::kInt ? width.as_int() : 4, 0, int64_t{1} << 20);
     const std::string pad =
-        width.is_string()
-            ? width.as_string()
-            : std::string(static_cast<size_t>(std::max<int64_t>(
-                              0, width.kind() == Value::Kind::kInt ? width.as_int() : 4)),
-                          ' ');
+        width.is_string() ? width.as_string() : std::string(static_cast<size_t>(spaces), ' ');
     const bool first = Arg(args, 1, "first", Value(false)).Truthy();
     const bool blank = Arg(args, 2, "blank", Value(false)).Truthy();
     std::vector<std::string> lines = absl::StrSplit(text(), '\n');
+    if (static_cast<double>(pad.size()) * static_cast<double>(lines.size()) +
+            static_cast<double>(text().size()) >
+        static_cast<double>(kMaxResultBytes)) {
+      return Bad("indent: the result would pass the template's bounds");
+    }
     for (size_t i = 0; i < lines.size(); ++i) {
       if ((i > 0 || first) && (blank || !lines[i].empty())) lines[i] = pad + lines[i];
     }
@@ -521,8 +549,11 @@ Value Method(const Value& self, absl::string_view name) {
     if (name == "replace") {
       return bind([s](const Args& a) -> absl::StatusOr<Value> {
         const Value count = Arg(a, 2, "count");
-        return Value(Replace(s, Arg(a, 0, "old").Str(), Arg(a, 1, "new").Str(),
-                             count.kind() == Value::Kind::kInt ? count.as_int() : -1));
+        absl::StatusOr<std::string> out =
+            Replace(s, Arg(a, 0, "old").Str(), Arg(a, 1, "new").Str(),
+                    count.kind() == Value::Kind::kInt ? count.as_int() : -1);
+        if (!out.ok()) return out.status();
+        return Value(*std::move(out));
       });
     }
     if (name == "find" || name == "count") {

@@ -12,6 +12,10 @@ namespace {
 
 absl::Status Error(int line, absl::string_view message) { return TemplateError(line, message); }
 
+// Nesting of blocks and of expressions: past this a template is refused rather than recursed
+// into (real templates nest a few levels).
+constexpr int kMaxNesting = 200;
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
@@ -115,6 +119,8 @@ class Parser {
   }
 
   absl::Status ParseStatement(const std::string& name, int line, NodeList* out) {
+    const Nesting nesting(&depth_);
+    if (!nesting.ok()) return TooDeep();
     if (name == "if") return ParseIf(line, out);
     if (name == "for") return ParseFor(line, out);
     if (name == "set") return ParseSet(line, out);
@@ -247,6 +253,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseExpression() {
+    const Nesting nesting(&depth_);
+    if (!nesting.ok()) return TooDeep();
     absl::StatusOr<ExprPtr> body = ParseOr();
     if (!body.ok()) return body;
     while (IsName("if")) {
@@ -292,6 +300,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
+    const Nesting nesting(&depth_);
+    if (!nesting.ok()) return TooDeep();
     if (IsName("not")) {
       const int line = Next().line;
       absl::StatusOr<ExprPtr> operand = ParseNot();
@@ -374,6 +384,8 @@ class Parser {
 
   // As Jinja2: a sign binds tighter than filters (-3|abs is 3), filters tighter than math.
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filters = true) {
+    const Nesting nesting(&depth_);
+    if (!nesting.ok()) return TooDeep();
     ExprPtr e;
     if (IsOp("-") || IsOp("+")) {
       const Token& t = Next();
@@ -590,8 +602,25 @@ class Parser {
     }
   }
 
+  // Counts one level of nesting for its lifetime; `ok()` is false past kMaxNesting.
+  class Nesting {
+   public:
+    explicit Nesting(int* depth) : depth_(depth) { ++*depth_; }
+    ~Nesting() { --*depth_; }
+    Nesting(const Nesting&) = delete;
+    Nesting& operator=(const Nesting&) = delete;
+    bool ok() const { return *depth_ <= kMaxNesting; }
+
+   private:
+    int* depth_;
+  };
+  absl::Status TooDeep() const {
+    return Error(Peek().line, absl::StrCat("the template nests deeper than ", kMaxNesting));
+  }
+
   std::vector<Token> tokens_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -254,7 +254,19 @@ class Renderer {
     return args;
   }
 
+  // Every value an expression makes is bounded: a string by the output bound, a list by the
+  // iteration bound (a template doubling a string in a loop stops here).
   absl::StatusOr<Value> Eval(const Expr& e) {
+    absl::StatusOr<Value> v = EvalUnbounded(e);
+    if (!v.ok()) return v;
+    if ((v->is_string() && v->as_string().size() > kMaxOutputBytes) ||
+        (v->is_list() && static_cast<int64_t>(v->as_list().size()) > kMaxIterations)) {
+      return Error(e.line, "a value past the template's bounds");
+    }
+    return v;
+  }
+
+  absl::StatusOr<Value> EvalUnbounded(const Expr& e) {
     switch (e.kind) {
       case Expr::Kind::kLiteral:
         return e.value;
@@ -453,9 +465,11 @@ class Renderer {
       return Value::FromList(std::move(list));
     }
     if (op == "*" && (a.is_string() || a.is_list()) && b.kind() == Value::Kind::kInt) {
-      if (b.as_int() *
-              static_cast<int64_t>(a.is_string() ? a.as_string().size() : a.as_list().size()) >
-          static_cast<int64_t>(kMaxOutputBytes)) {
+      const auto size =
+          static_cast<double>(a.is_string() ? a.as_string().size() : a.as_list().size());
+      const double bound =
+          static_cast<double>(a.is_string() ? kMaxOutputBytes : size_t{kMaxIterations});
+      if (static_cast<double>(b.as_int()) * size > bound) {
         return Error(e.line, "a repetition past the output bound");
       }
       if (a.is_string()) {

@@ -296,14 +296,17 @@ Value Value::Get(absl::string_view key) const {
   return Undefined(std::string(key));
 }
 
-bool Value::Equals(const Value& other) const {
+bool Value::Equals(const Value& other) const { return Equals(other, 0); }
+
+bool Value::Equals(const Value& other, int depth) const {
+  if (depth > kMaxDepth) return false;
   if (is_number() && other.is_number()) {
     if (kind_ == Kind::kInt && other.kind_ == Kind::kInt) return i_ == other.i_;
     return as_double() == other.as_double();
   }
   // Python: True == 1.
-  if (kind_ == Kind::kBool && other.is_number()) return Value(int64_t{b_}).Equals(other);
-  if (other.kind_ == Kind::kBool && is_number()) return other.Equals(*this);
+  if (kind_ == Kind::kBool && other.is_number()) return Value(int64_t{b_}).Equals(other, depth);
+  if (other.kind_ == Kind::kBool && is_number()) return other.Equals(*this, depth);
   if (kind_ != other.kind_) return false;
   switch (kind_) {
     case Kind::kUndefined:
@@ -316,13 +319,13 @@ bool Value::Equals(const Value& other) const {
     case Kind::kList:
       if (list_->size() != other.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
-        if (!(*list_)[i].Equals((*other.list_)[i])) return false;
+        if (!(*list_)[i].Equals((*other.list_)[i], depth + 1)) return false;
       }
       return true;
     case Kind::kDict:
       if (dict_->size() != other.dict_->size()) return false;
       for (const auto& [k, v] : *dict_) {
-        if (!other.Get(k).Equals(v)) return false;
+        if (!other.Get(k).Equals(v, depth + 1)) return false;
       }
       return true;
     case Kind::kFunction:
@@ -343,7 +346,10 @@ std::string Value::Str() const {
   }
 }
 
-std::string Value::Repr() const {
+std::string Value::Repr() const { return Repr(0); }
+
+std::string Value::Repr(int depth) const {
+  if (depth > kMaxDepth) return "...";  // a namespace that holds itself, say
   switch (kind_) {
     case Kind::kUndefined:
       return "";
@@ -361,7 +367,7 @@ std::string Value::Repr() const {
       std::string out = "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i > 0) out += ", ";
-        out += (*list_)[i].Repr();
+        out += (*list_)[i].Repr(depth + 1);
       }
       return out + "]";
     }
@@ -369,7 +375,7 @@ std::string Value::Repr() const {
       std::string out = namespace_ ? "<Namespace {" : "{";
       for (size_t i = 0; i < dict_->size(); ++i) {
         if (i > 0) out += ", ";
-        out += PyStringRepr((*dict_)[i].first) + ": " + (*dict_)[i].second.Repr();
+        out += PyStringRepr((*dict_)[i].first) + ": " + (*dict_)[i].second.Repr(depth + 1);
       }
       return out + (namespace_ ? "}>" : "}");
     }

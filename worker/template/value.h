@@ -84,6 +84,11 @@ class Value {
   absl::string_view TypeName() const;
 
  private:
+  // Nesting Repr and Equals follow (a namespace can be made to hold itself).
+  static constexpr int kMaxDepth = 256;
+  std::string Repr(int depth) const;
+  bool Equals(const Value& other, int depth) const;
+
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   bool namespace_ = false;
