@@ -23,7 +23,7 @@ ModePolicy::Estimates ModePolicy::Estimate(const std::vector<std::string>& serve
   for (const std::string& mode : AutoModes()) {
     if (Contains(served, mode)) order.push_back(mode);
   }
-  if (options_.allow_lossy && !request.logprobs) {
+  if (options_.allow_lossy && !request.lossless_only) {
     for (const std::string& mode : served) {
       if (!Contains(order, mode)) order.push_back(mode);
     }

@@ -61,7 +61,7 @@ struct ModePolicyOptions {
   double margin = 0.05;
   int confirm = 3;  // ... on this many consecutive decisions of the key
   absl::Duration confirm_time = absl::Seconds(2);  // ... from the first of them to the switch
-  bool allow_lossy = false;  // lossy modes (diffusion) may be chosen too, unless logprobs are asked
+  bool allow_lossy = false;  // lossy modes (diffusion) may be chosen too (not lossless_only ones)
   // Sequence-steps a mode needs at a load within a factor of two of the request's for its
   // estimate there to count as measured (see Decide).
   int64_t min_samples = 16;
@@ -69,8 +69,9 @@ struct ModePolicyOptions {
 
 // What the request allows.
 struct ModeRequestTraits {
-  bool greedy = true;     // temperature 0
-  bool logprobs = false;  // the target's logprobs, which only lossless modes compute
+  bool greedy = true;  // temperature 0
+  // The request needs the target's AR rows (logprobs, JSON mode): lossless modes only.
+  bool lossless_only = false;
 };
 
 struct ModeDecision {

@@ -63,6 +63,12 @@ absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& 
     }
   }
   if (absl::Status adjust = CheckLogitAdjust(request.adjust, 0); !adjust.ok()) return adjust;
+  if (!request.response_format.empty() && request.response_format != "text" &&
+      request.response_format != "json_object") {
+    return absl::InvalidArgumentError(absl::StrCat("response_format type '",
+                                                   request.response_format,
+                                                   "' is not supported (text or json_object)"));
+  }
   if (request.top_logprobs < 0 || request.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "top_logprobs must be within [0, ", kMaxTopLogprobs, "], got ", request.top_logprobs));

@@ -32,6 +32,7 @@ struct RouterRequest {
   bool logprobs = false;
   int top_logprobs = 0;  // within [0, 20] (also without logprobs: a client's mistake either way)
   bool echo = false;     // the prompt comes back first; max_tokens may then be 0
+  std::string response_format;  // "", "text" or "json_object"
 };
 
 // Checks `request` against `model` (the description of the model it names): an input that is

@@ -178,8 +178,7 @@ absl::Status ParseMessages(const json& body, v1::GenerateRequest* request) {
 
 // Parameters Tandem does not implement: refused when they ask for something.
 absl::Status RefuseUnsupported(const json& body) {
-  for (const char* name :
-       {"tools", "functions", "tool_choice", "function_call", "response_format", "suffix"}) {
+  for (const char* name : {"tools", "functions", "tool_choice", "function_call", "suffix"}) {
     const json* value = Member(body, name);
     if (value == nullptr) continue;
     const bool off = (value->is_boolean() && !value->get<bool>()) ||
@@ -188,10 +187,7 @@ absl::Status RefuseUnsupported(const json& body) {
                      (value->is_string() &&
                       (value->get<std::string>().empty() || value->get<std::string>() == "none" ||
                        value->get<std::string>() == "text"));
-    // response_format {"type": "text"} is the default.
-    const bool default_format = std::string_view(name) == "response_format" && value->is_object() &&
-                                value->value("type", "") == "text";
-    if (!off && !default_format) {
+    if (!off) {
       return BadParam(name, absl::StrCat(name, " is not supported by Tandem"));
     }
   }
@@ -240,6 +236,26 @@ absl::Status ParseLogitBias(const json& body, v1::SamplingParams* sampling) {
   }
   if (absl::Status checked = CheckAdjustParam("logit_bias", alone); !checked.ok()) return checked;
   for (const auto& [id, value] : alone.logit_bias) (*sampling->mutable_logit_bias())[id] = value;
+  return absl::OkStatus();
+}
+
+// response_format: {"type": "text"} (the default) or {"type": "json_object"} (JSON mode).
+absl::Status ParseResponseFormat(const json& body, v1::GenerateRequest* request) {
+  const json* format = Member(body, "response_format");
+  if (format == nullptr) return absl::OkStatus();
+  if (!format->is_object() || !format->contains("type") || !(*format)["type"].is_string()) {
+    return BadParam("response_format", "response_format must be {\"type\": ...}");
+  }
+  const std::string type = (*format)["type"].get<std::string>();
+  if (type == "json_schema") {
+    return BadParam("response_format",
+                    "response_format json_schema is not supported yet; json_object is");
+  }
+  if (type != "text" && type != "json_object") {
+    return BadParam("response_format", absl::StrCat("response_format type '", type,
+                                                    "' is not supported (text or json_object)"));
+  }
+  request->mutable_response_format()->set_type(type);
   return absl::OkStatus();
 }
 
@@ -401,6 +417,7 @@ absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
   if (absl::Status adjust = ParseLogitAdjust(body, &request); !adjust.ok()) return adjust;
   if (absl::Status logprobs = ParseLogprobs(api, body, &request); !logprobs.ok()) return logprobs;
   if (absl::Status choices = ParseChoices(api, body, parsed); !choices.ok()) return choices;
+  if (absl::Status format = ParseResponseFormat(body, &request); !format.ok()) return format;
   if (absl::Status stop = ParseStop(body, &request); !stop.ok()) return stop;
   if (const json* ignore_eos = Member(body, "ignore_eos"); ignore_eos != nullptr) {
     if (!ignore_eos->is_boolean())

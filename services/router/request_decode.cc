@@ -44,6 +44,7 @@ router::RouterRequest ToRouterRequest(const v1::GenerateRequest& request) {
   out.logprobs = request.logprobs();
   out.top_logprobs = request.top_logprobs();
   out.echo = request.echo();
+  out.response_format = request.response_format().type();
   return out;
 }
 

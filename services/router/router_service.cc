@@ -18,6 +18,11 @@ namespace tandem {
 
 namespace {
 
+// Whether a request needs the target's AR rows, which only lossless modes compute.
+bool NeedsLossless(const v1::GenerateRequest& request) {
+  return request.logprobs() || request.response_format().type() == "json_object";
+}
+
 uint64_t NewSeed() {
   thread_local std::mt19937_64 generator{std::random_device{}()};
   return generator();
@@ -454,7 +459,7 @@ router::VerifierPool::Gain RouterService::GainOf(const v1::GenerateRequest& requ
     return nullptr;
   }
   const router::ModeRequestTraits traits{.greedy = request.sampling().temperature() <= 0,
-                                         .logprobs = request.logprobs()};
+                                         .lossless_only = NeedsLossless(request)};
   const router::ModePolicy* policy = options_.mode_policy;
   return [policy, traits](const router::VerifierInfo& info, const router::VerifierLoad* load,
                           double streams) -> std::optional<double> {
@@ -492,7 +497,7 @@ void RouterService::ChooseMode(size_t verifier, v1::VerifyRequest* upstream) {
       pool_->address(verifier), info ? info->modes : std::vector<std::string>(),
       load != nullptr ? load->cost : empty, sequences,
       router::ModeRequestTraits{.greedy = request.sampling().temperature() <= 0,
-                                .logprobs = request.logprobs()},
+                                .lossless_only = NeedsLossless(request)},
       info ? info->default_mode : std::string());
   // "auto" stays "auto" (no data and a verifier that names no default): its default runs it.
   if (decision.mode != "auto") request.set_mode(decision.mode);

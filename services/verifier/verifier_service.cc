@@ -373,6 +373,12 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
   out.logprobs = request.logprobs();
   out.top_logprobs = request.top_logprobs();
   out.echo = request.echo();
+  const std::string& format = request.response_format().type();
+  if (!format.empty() && format != "text" && format != "json_object") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("response_format type '", format, "' is not supported (text or json_object)"));
+  }
+  out.json_object = format == "json_object";
   out.mode = request.mode();
   out.committed.assign(verify.committed_token_ids().begin(), verify.committed_token_ids().end());
   out.drafter = verify.drafter();

@@ -2,13 +2,14 @@
 """End-to-end: the official OpenAI Python client against a local cluster started with `tandem up`.
 
 Completions and chat, whole and streamed, the model list, penalties and logit bias (lossless
-modes exact with them), logprobs (both shapes, every lossless mode AR's), echo (scoring a prompt), n choices and
-best_of, and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
+modes exact with them), logprobs (both shapes, every lossless mode AR's), echo (scoring a prompt), JSON mode, n
+choices and best_of, and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
 the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
 
     .venv-e2e/bin/python openai_client_test.py --tandem build/services/cli/tandem
 """
 import argparse
+import json
 import queue
 import re
 import signal
@@ -219,6 +220,26 @@ class OpenAIClientTest(unittest.TestCase):
         streamed = "".join(chunk.choices[0].text for chunk in self.complete(echo=True, stream=True)
                            if chunk.choices)
         self.assertEqual(streamed, whole.choices[0].text)
+
+    def test_json_mode_stays_json_in_every_lossless_mode(self):
+        messages = [{"role": "user", "content": "Describe a function as JSON."}]
+        texts = {}
+        for mode in ("ar", "spec", "jacobi"):
+            response = self.client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                response_format={"type": "json_object"}, extra_body={"mode": mode})
+            texts[mode] = response.choices[0].message.content
+            if response.choices[0].finish_reason == "stop":
+                json.loads(texts[mode])
+        self.assertTrue(texts["ar"].startswith("{"), texts["ar"])
+        self.assertEqual(texts["spec"], texts["ar"])
+        self.assertEqual(texts["jacobi"], texts["ar"])
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=4,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "x", "schema": {"type": "object"}}})
+        self.assertEqual(caught.exception.param, "response_format")
 
     def test_n_choices_are_reproducible_and_best_of_ranks(self):
         def three():

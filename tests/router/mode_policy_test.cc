@@ -139,8 +139,9 @@ TEST(ModePolicyTest, OnlyModesTheVerifierServesAndTheRequestAllows) {
   EXPECT_EQ(policy.Decide("c", {"ar", "diffusion"}, cost, 1, {}, "ar").mode, "ar");
   ModePolicy lossy({.allow_lossy = true});
   EXPECT_EQ(lossy.Decide("d", kServed, cost, 1, {}, "ar").mode, "diffusion");
-  // A request for logprobs needs the target's AR rows: no lossy mode, even when allowed.
-  EXPECT_NE(lossy.Decide("e", kServed, cost, 1, {.logprobs = true}, "ar").mode, "diffusion");
+  // A request for logprobs or JSON mode needs the target's AR rows: no lossy mode, even when
+  // allowed.
+  EXPECT_NE(lossy.Decide("e", kServed, cost, 1, {.lossless_only = true}, "ar").mode, "diffusion");
 }
 
 TEST(ModePolicyTest, IsdIsACandidateAndBestGoodputIsTheUnconditionalBest) {

@@ -101,6 +101,11 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
     }
     seq->top_logprobs = request.top_logprobs;
   }
+  if (request.json_object && !seq->lossless) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JSON mode constrains the target's AR rows, which mode ", seq->mode_name,
+                     " (lossy) does not sample from; ask for a lossless mode"));
+  }
   // The prompt's rows are the target's AR rows in every mode: echo needs no lossless mode.
   seq->echo = request.echo;
   seq->sampling = request.sampling;
@@ -171,6 +176,7 @@ absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest
   stop.min_tokens = request.adjust.min_tokens;
   seq.adjust = request.adjust;
   seq.adjust.min_tokens_ban = stop.stop_token_ids;
+  if (request.json_object) seq.adjust.json_vocab = TokenBytes();
   seq.checker = std::make_unique<StopChecker>(std::move(stop));
   seq.detok = std::make_unique<IncrementalDetokenizer>(*model_->tokenizer);
   // Migrated tokens continue the stop-string and UTF-8 state silently: they were streamed.
@@ -410,6 +416,20 @@ void Engine::Impl::AttachCachedPrefix(EngineSequence& s) {
   s.kv_len = kv_.AttachPrefix(static_cast<SeqId>(s.id),
                               std::span<const int32_t>(s.tokens).first(limit), kPrefixSalt);
   if (s.usage.preemptions == 0) s.usage.cached_tokens = std::min(s.kv_len, s.prompt_len);
+}
+
+const std::shared_ptr<const std::vector<std::string>>& Engine::Impl::TokenBytes() {
+  std::call_once(token_bytes_once_, [this] {
+    const int vocab = model_->model->config().vocab_size;
+    auto bytes = std::make_shared<std::vector<std::string>>(static_cast<size_t>(vocab));
+    for (int32_t id = 0; id < vocab; ++id) {
+      // Ids past the tokenizer's vocabulary (a padded head) stay empty: never drawn in JSON mode.
+      absl::StatusOr<std::string> decoded = model_->tokenizer->Decode({&id, 1});
+      if (decoded.ok()) (*bytes)[static_cast<size_t>(id)] = *std::move(decoded);
+    }
+    token_bytes_ = std::move(bytes);
+  });
+  return token_bytes_;
 }
 
 // A sequence with no KV whose prompt begins with whole blocks that an earlier sequence of this

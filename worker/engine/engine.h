@@ -95,6 +95,9 @@ struct SequenceRequest {
   // but the first (and `top_logprobs` alternatives when `logprobs`). Lossless modes only; allows
   // max_tokens 0 (score a prompt without generating).
   bool echo = false;
+  // JSON mode (response_format json_object): the completion is constrained to a JSON object
+  // (worker/sampling/json_prefix.h) and ends when it closes. Lossless modes only.
+  bool json_object = false;
   std::string drafter;  // drafter address for `spec`; "" = the engine's default
   absl::Time deadline = absl::InfiniteFuture();
 };

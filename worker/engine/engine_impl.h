@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -217,6 +218,11 @@ class Engine::Impl {
   const DraftChannelFactory drafters_;
   const int context_;
   std::vector<int32_t> stop_tokens_;
+  // Every token's bytes, for JSON mode; made once, by the first request that asks for it (on
+  // the caller's thread: Submit).
+  std::once_flag token_bytes_once_;
+  std::shared_ptr<const std::vector<std::string>> token_bytes_;
+  const std::shared_ptr<const std::vector<std::string>>& TokenBytes();
 
   // Shared with callers and draft channels.
   std::shared_ptr<EngineMailbox> mailbox_;

@@ -9,13 +9,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "worker/sampling/json_prefix.h"
 
 namespace tandem {
 
@@ -41,6 +44,11 @@ struct LogitAdjust {
   // (the engine fills in its stop tokens) cannot be drawn.
   int min_tokens = 0;
   std::vector<int32_t> min_tokens_ban;
+  // JSON mode (OpenAI's response_format json_object): each token's bytes by id (the engine
+  // fills them in). A token that would leave the completion no prefix of a JSON object cannot be
+  // drawn, nor a stop token (min_tokens_ban) before the object is complete, nor anything but a
+  // stop token after it.
+  std::shared_ptr<const std::vector<std::string>> json_vocab;
 
   // Whether any adjustment changes a logit.
   bool active() const;
@@ -75,8 +83,10 @@ class TokenHistory {
 // Adjusts one row of logits. The row's context is the history's sequence with the generated
 // tokens `added` appended and `removed` taken away (drafts on the row's path, and tokens the
 // sequence holds past the row's position); `generated_before` tokens precede the predicted one.
+// `json`: in JSON mode, the state after the context's generated text (null: no JSON mask, as
+// for a row whose context is no JSON prefix, which no accepted path reaches).
 void AdjustLogits(const LogitAdjust& adjust, const TokenHistory& history,
                   std::span<const int32_t> added, std::span<const int32_t> removed,
-                  int generated_before, std::span<float> row);
+                  int generated_before, std::span<float> row, const JsonPrefix* json = nullptr);
 
 }  // namespace tandem

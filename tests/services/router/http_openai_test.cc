@@ -73,6 +73,21 @@ TEST(HttpOpenAiTest, PenaltiesLogitBiasAndMinTokens) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("at most 300"));
 }
 
+TEST(HttpOpenAiTest, ResponseFormat) {
+  absl::StatusOr<ParsedRequest> json_mode =
+      ParseRequest(Api::kChat, R"({"messages": [{"role": "user", "content": "x"}],
+                      "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(json_mode.ok()) << json_mode.status();
+  EXPECT_EQ(json_mode->request.response_format().type(), "json_object");
+  for (const char* body : {R"({"prompt": "x", "response_format": {"type": "json_schema",
+                               "json_schema": {"name": "a", "schema": {}}}})",
+                           R"({"prompt": "x", "response_format": {"type": "yaml"}})",
+                           R"({"prompt": "x", "response_format": "json"})"}) {
+    absl::Status status = ParseError(Api::kCompletions, body);
+    EXPECT_EQ(ParamOf(status), "response_format") << body;
+  }
+}
+
 TEST(HttpOpenAiTest, LogprobsInBothApis) {
   absl::StatusOr<ParsedRequest> completion =
       ParseRequest(Api::kCompletions, R"({"prompt": "x", "logprobs": 3})");

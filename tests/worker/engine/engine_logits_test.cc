@@ -453,5 +453,63 @@ TEST_F(EngineLogitsTest, EchoStreamsThePromptsLogprobs) {
   }
 }
 
+// JSON mode: every lossless mode gives AR's constrained output, which is a prefix of a JSON
+// object (and one, parsed, when the stop token ended it); lossy modes are refused.
+TEST_F(EngineLogitsTest, JsonModeIsExactInEveryLosslessModeAndStaysJson) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  const std::vector<std::string> lossless = LosslessModes();
+  std::vector<SequenceRequest> requests;
+  for (const std::string& mode : lossless) {
+    for (int p = 0; p < kPrompts; ++p) {
+      requests.push_back(Request(mode, p, {}));
+      requests.back().json_object = true;
+      requests.back().ignore_eos = false;  // the model's EOS ends a complete object
+    }
+  }
+  const auto sinks = Submit(*engine, requests);
+  int complete = 0;
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    const int p = static_cast<int>(i) % kPrompts;
+    SCOPED_TRACE(requests[i].mode + " prompt " + std::to_string(p));
+    EXPECT_EQ(sinks[i]->tokens(), sinks[p]->tokens());  // the first kPrompts are ar's
+    JsonPrefix json;
+    std::string text;
+    for (int32_t token : sinks[i]->tokens()) {
+      absl::StatusOr<std::string> bytes = model_->tokenizer->Decode({&token, 1});
+      ASSERT_TRUE(bytes.ok());
+      if (sinks[i]->finish() == FinishReason::kStop && token == sinks[i]->tokens().back()) break;
+      text += *bytes;
+      EXPECT_TRUE(json.FeedAll(*bytes)) << text;
+    }
+    if (sinks[i]->finish() == FinishReason::kStop) {
+      EXPECT_TRUE(json.complete()) << text;
+      EXPECT_FALSE(nlohmann::json::parse(text, nullptr, false).is_discarded()) << text;
+      ++complete;
+    }
+  }
+  RecordProperty("complete_objects", complete);
+
+  // A bias toward '}' closes the object at once: then only the end of the sequence may follow.
+  const std::optional<int32_t> close = model_->tokenizer->TokenId("}");
+  ASSERT_TRUE(close.has_value());
+  for (const char* mode : {"ar", "spec"}) {
+    SequenceRequest r = Request(mode, 0, {});
+    r.json_object = true;
+    r.ignore_eos = false;
+    r.adjust.logit_bias = {{*close, 100.0f}};
+    const auto closed = Submit(*engine, {r});
+    std::string text;
+    for (int32_t token : closed[0]->tokens()) text += *model_->tokenizer->Decode({&token, 1});
+    EXPECT_EQ(closed[0]->finish(), FinishReason::kStop) << mode << ": " << text;
+    EXPECT_EQ(closed[0]->text(), "{}") << mode;
+  }
+
+  SequenceRequest lossy = Request("diffusion", 0, {});
+  lossy.json_object = true;
+  absl::StatusOr<uint64_t> id = engine->Submit(lossy, std::make_shared<CollectingSink>());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tandem
