@@ -176,7 +176,14 @@ absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest
   stop.min_tokens = request.adjust.min_tokens;
   seq.adjust = request.adjust;
   seq.adjust.min_tokens_ban = stop.stop_token_ids;
-  if (request.json_object) seq.adjust.json_vocab = TokenBytes();
+  if (request.json_object) {
+    if (stop.stop_token_ids.empty()) {
+      return absl::InvalidArgumentError(
+          "JSON mode ends the completion with a stop token once the object closes: with "
+          "ignore_eos, name one in stop_token_ids");
+    }
+    seq.adjust.json_vocab = TokenBytes();
+  }
   seq.checker = std::make_unique<StopChecker>(std::move(stop));
   seq.detok = std::make_unique<IncrementalDetokenizer>(*model_->tokenizer);
   // Migrated tokens continue the stop-string and UTF-8 state silently: they were streamed.
@@ -424,6 +431,8 @@ const std::shared_ptr<const std::vector<std::string>>& Engine::Impl::TokenBytes(
     auto bytes = std::make_shared<std::vector<std::string>>(static_cast<size_t>(vocab));
     for (int32_t id = 0; id < vocab; ++id) {
       // Ids past the tokenizer's vocabulary (a padded head) stay empty: never drawn in JSON mode.
+      // Special tokens stay empty too: their text is no part of the completion's text.
+      if (model_->tokenizer->IsSpecial(id)) continue;
       absl::StatusOr<std::string> decoded = model_->tokenizer->Decode({&id, 1});
       if (decoded.ok()) (*bytes)[static_cast<size_t>(id)] = *std::move(decoded);
     }

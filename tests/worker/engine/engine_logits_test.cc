@@ -507,8 +507,15 @@ TEST_F(EngineLogitsTest, JsonModeIsExactInEveryLosslessModeAndStaysJson) {
 
   SequenceRequest lossy = Request("diffusion", 0, {});
   lossy.json_object = true;
+  lossy.ignore_eos = false;
   absl::StatusOr<uint64_t> id = engine->Submit(lossy, std::make_shared<CollectingSink>());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  // Nothing could end the completion once the object closes.
+  SequenceRequest endless = Request("ar", 0, {});
+  endless.json_object = true;
+  id = engine->Submit(endless, std::make_shared<CollectingSink>());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("stop_token_ids"), std::string::npos) << id.status();
 }
 
 }  // namespace
