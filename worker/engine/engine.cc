@@ -182,6 +182,11 @@ absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest
           "JSON mode ends the completion with a stop token once the object closes: with "
           "ignore_eos, name one in stop_token_ids");
     }
+    // A closed object allows only a stop token, which min_tokens may still forbid.
+    if (request.adjust.min_tokens > 0) {
+      return absl::InvalidArgumentError(
+          "min_tokens cannot be combined with JSON mode (the object decides where it ends)");
+    }
     seq.adjust.json_vocab = TokenBytes();
   }
   seq.checker = std::make_unique<StopChecker>(std::move(stop));

@@ -516,6 +516,12 @@ TEST_F(EngineLogitsTest, JsonModeIsExactInEveryLosslessModeAndStaysJson) {
   id = engine->Submit(endless, std::make_shared<CollectingSink>());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("stop_token_ids"), std::string::npos) << id.status();
+  SequenceRequest held = Request("ar", 0, {.min_tokens = 4});
+  held.json_object = true;
+  held.ignore_eos = false;
+  id = engine->Submit(held, std::make_shared<CollectingSink>());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("min_tokens"), std::string::npos) << id.status();
 }
 
 }  // namespace
