@@ -433,12 +433,18 @@ TEST(ClusterTokenTest, ServicesAnswerOnlyCallsThatCarryTheToken) {
   auto started = Cluster::Start({.cluster_token_file = token_file});
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<Cluster> cluster = std::move(*started);
-  StreamResult through = Generate(cluster->generation(), Greedy(kPrompts[0], "spec", 48));
-  ASSERT_TRUE(through.status.ok()) << through.status.error_message();
   auto expected = Reference::Get().Generate(kPrompts[0], "ar", 48);
   ASSERT_TRUE(expected.ok()) << expected.status();
-  EXPECT_EQ(through.tokens, expected->tokens);
-  EXPECT_GT(through.last.usage().draft_tokens(), 0) << "the verifier could not reach the drafter";
+  // On a loaded machine the verifier's first session may open before its drafter connection is
+  // up (those steps decode AR, as they should): a few requests, one of which must draft.
+  int drafted = 0;
+  for (int attempt = 0; attempt < 3 && drafted == 0; ++attempt) {
+    StreamResult through = Generate(cluster->generation(), Greedy(kPrompts[0], "spec", 48));
+    ASSERT_TRUE(through.status.ok()) << through.status.error_message();
+    EXPECT_EQ(through.tokens, expected->tokens);
+    drafted = through.last.usage().draft_tokens();
+  }
+  EXPECT_GT(drafted, 0) << "the verifier could not reach the drafter";
 
   auto channel = [](const std::string& address) {
     return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
