@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "worker/template/render.h"  // the bounds a template's values keep
 
 namespace tandem::jinja {
 namespace {
@@ -112,10 +113,6 @@ absl::StatusOr<Value> Affix(const std::string& s, const Value& affix, bool prefi
   return Value(*hit);
 }
 
-// Results are bounded like everything a template makes (render.h's kMaxOutputBytes; the same
-// value, which this file cannot include without a cycle).
-constexpr size_t kMaxResultBytes = size_t{64} << 20;
-
 absl::StatusOr<std::string> Replace(const std::string& s, const std::string& from,
                                     const std::string& to, int64_t count) {
   if (from.empty()) return s;
@@ -128,7 +125,7 @@ absl::StatusOr<std::string> Replace(const std::string& s, const std::string& fro
   if (to.size() > from.size() &&
       static_cast<double>(matches) * static_cast<double>(to.size() - from.size()) +
               static_cast<double>(s.size()) >
-          static_cast<double>(kMaxResultBytes)) {
+          static_cast<double>(kMaxOutputBytes)) {
     return Bad("replace: the result would pass the template's bounds");
   }
   std::string out;
@@ -341,7 +338,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value, co
       parts.push_back((attribute.is_undefined() ? item : Attribute(item, attribute)).Str());
       size += static_cast<double>(parts.back().size() + separator.size());
     }
-    if (size > static_cast<double>(kMaxResultBytes)) {
+    if (size > static_cast<double>(kMaxOutputBytes)) {
       return Bad("join: the result would pass the template's bounds");
     }
     return Value(absl::StrJoin(parts, separator));
@@ -446,7 +443,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value, co
     std::vector<std::string> lines = absl::StrSplit(text(), '\n');
     if (static_cast<double>(pad.size()) * static_cast<double>(lines.size()) +
             static_cast<double>(text().size()) >
-        static_cast<double>(kMaxResultBytes)) {
+        static_cast<double>(kMaxOutputBytes)) {
       return Bad("indent: the result would pass the template's bounds");
     }
     for (size_t i = 0; i < lines.size(); ++i) {
