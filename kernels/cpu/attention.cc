@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/rows_gemm.h"
 
 namespace tandem::kernels::cpu {
 
@@ -41,28 +42,6 @@ inline Vec Load(const float* p) {
 inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline float Sum(Vec v) { return (v[0] + v[2]) + (v[1] + v[3]); }
-
-float Dot(const float* a, const float* b, int n) {
-  Vec acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {};
-  int d = 0;
-  for (; d + 4 * kVec <= n; d += 4 * kVec) {
-    acc0 += Load(a + d) * Load(b + d);
-    acc1 += Load(a + d + kVec) * Load(b + d + kVec);
-    acc2 += Load(a + d + 2 * kVec) * Load(b + d + 2 * kVec);
-    acc3 += Load(a + d + 3 * kVec) * Load(b + d + 3 * kVec);
-  }
-  for (; d + kVec <= n; d += kVec) acc0 += Load(a + d) * Load(b + d);
-  float sum = Sum((acc0 + acc1) + (acc2 + acc3));
-  for (; d < n; ++d) sum += a[d] * b[d];
-  return sum;
-}
-
-// y[0, n) += w * x[0, n)
-void Axpy(float w, const float* x, float* y, int n) {
-  int d = 0;
-  for (; d + kVec <= n; d += kVec) Store(y + d, Load(y + d) + w * Load(x + d));
-  for (; d < n; ++d) y[d] += w * x[d];
-}
 
 // y[0, n) = w * x[0, n)
 void Scale(float w, const float* x, float* y, int n) {
@@ -185,13 +164,16 @@ void HideMasked(const AttentionParams& p, const uint64_t* row, int from, int to,
   }
 }
 
-// Calls f(slot, row) for every slot in [from, to), row being that slot's kv_head row in `cache`;
-// walks the block table a block at a time. Blocks sit anywhere in the pool, so the hardware
-// prefetcher loses the stream at each block edge; the next block's rows are prefetched when a
-// block starts.
+// Calls f(slot, rows, count) for each run of slots [slot, slot + count) of [from, to) inside one
+// block, rows being the first one's kv_head row in `cache` (the next rows RowStride(p) floats
+// apart). Blocks sit anywhere in the pool, so the hardware prefetcher loses the stream at each
+// block edge; the next block's rows are prefetched when a block starts.
+size_t RowStride(const AttentionParams& p) { return static_cast<size_t>(p.kv_heads) * p.head_dim; }
+
 template <typename F>
-void ForEachRow(const AttentionParams& p, const float* cache, int kv_head, int from, int to, F f) {
-  const size_t row_stride = static_cast<size_t>(p.kv_heads) * p.head_dim;
+void ForEachBlock(const AttentionParams& p, const float* cache, int kv_head, int from, int to,
+                  F f) {
+  const size_t row_stride = RowStride(p);
   auto first_row = [&](int block_index) {
     return cache + static_cast<size_t>(p.block_table[block_index]) * p.block_size * row_stride +
            static_cast<size_t>(kv_head) * p.head_dim;
@@ -207,21 +189,32 @@ void ForEachRow(const AttentionParams& p, const float* cache, int kv_head, int f
         for (int c = 0; c < p.head_dim; c += kLineFloats) __builtin_prefetch(next + c);
       }
     }
-    const float* row = first_row(block) + static_cast<size_t>(slot % p.block_size) * row_stride;
-    for (; slot < end; ++slot, row += row_stride) f(slot, row);
+    f(slot, first_row(block) + static_cast<size_t>(slot % p.block_size) * row_stride, end - slot);
+    slot = end;
   }
 }
 
-// Decode: one work item per (query, kv head) scores the `group` q heads against each cached key
-// row in place, so K and V are each read once per item. Workspace: [group, total] scores per
-// thread.
+// f(slot, row) for every slot in [from, to).
+template <typename F>
+void ForEachRow(const AttentionParams& p, const float* cache, int kv_head, int from, int to, F f) {
+  const size_t row_stride = RowStride(p);
+  ForEachBlock(p, cache, kv_head, from, to, [&](int slot, const float* row, int count) {
+    for (int r = 0; r < count; ++r, row += row_stride) f(slot + r, row);
+  });
+}
+
+// Decode and short extends: one work item per (query, kv head) scores the `group` q heads
+// against the cached key rows in place, a block of rows at a time through the few-rows product
+// (rows_gemm.h, the group's heads as its input rows), then weighs the value rows into the
+// outputs the same way; K and V are each read once per item. A query's sums do not depend on the
+// other queries of the extend. Workspace: [group, total] scores per thread.
 void InvokeDirect(const AttentionParams& p, float* workspace) {
   const int group = p.q_heads / p.kv_heads;
   const int total = p.context_len + p.new_tokens;
   const int d = p.head_dim;
   const int items = p.new_tokens * p.kv_heads;
-  const int64_t work = static_cast<int64_t>(items) * group * total * d;
-#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (work > kParallelWork)
+  const int row_stride = static_cast<int>(RowStride(p));
+#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (!AttentionRunsSerial(p))
   for (int item = 0; item < items; ++item) {
     const int i = item / p.kv_heads;
     const int g = item % p.kv_heads;
@@ -230,26 +223,37 @@ void InvokeDirect(const AttentionParams& p, float* workspace) {
     float* scores = workspace + static_cast<size_t>(omp_get_thread_num()) * group * total;
     const float* q = p.q + static_cast<size_t>(i) * p.q_stride + static_cast<size_t>(g) * group * d;
     float* out = p.out + static_cast<size_t>(i) * p.out_stride + static_cast<size_t>(g) * group * d;
-    ForEachRow(p, p.k_cache, g, v.lo, v.hi, [&](int slot, const float* k) {
-      for (int h = 0; h < group; ++h) {
-        scores[static_cast<size_t>(h) * n + slot - v.lo] = p.scale * Dot(q + h * d, k, d);
+    ForEachBlock(p, p.k_cache, g, v.lo, v.hi, [&](int slot, const float* keys, int count) {
+      for (int h0 = 0; h0 < group; h0 += kRowsMaxM) {
+        InvokeRowsSerial({.x = q + static_cast<size_t>(h0) * d,
+                          .w = keys,
+                          .y = scores + static_cast<size_t>(h0) * n + slot - v.lo,
+                          .m = std::min(kRowsMaxM, group - h0),
+                          .n = count,
+                          .k = d,
+                          .ldy = n,
+                          .alpha = p.scale,
+                          .ldw = row_stride,
+                          .ldx = d});
       }
     });
     for (int h = 0; h < group; ++h) {
       float* s = scores + static_cast<size_t>(h) * n;
       HideMasked(p, MaskRow(p, i), v.lo, v.hi, s);
       const float norm = SoftmaxRow(s, n);
-      float* o = out + h * d;
-      std::fill(o, o + d, 0.0f);
-      if (norm == 0.0f) continue;
       // Normalising the weights first keeps the output a convex combination of V rows.
       for (int k = 0; k < n; ++k) s[k] *= norm;
     }
-    ForEachRow(p, p.v_cache, g, v.lo, v.hi, [&](int slot, const float* val) {
-      for (int h = 0; h < group; ++h) {
-        const float w = scores[static_cast<size_t>(h) * n + slot - v.lo];
-        if (w != 0.0f) Axpy(w, val, out + h * d, d);
-      }
+    std::fill(out, out + group * d, 0.0f);
+    ForEachBlock(p, p.v_cache, g, v.lo, v.hi, [&](int slot, const float* values, int count) {
+      InvokeWeightedRowsSerial({.weights = scores + slot - v.lo,
+                                .ldwt = n,
+                                .v = values,
+                                .ldv = RowStride(p),
+                                .rows = count,
+                                .heads = group,
+                                .d = d,
+                                .out = out});
     });
   }
 }
@@ -375,8 +379,7 @@ void InvokeGemm(const AttentionParams& p, float* workspace) {
     gather_hi = std::max(gather_hi, v.hi);
   }
   const size_t per_thread = GemmWorkspaceOneThread(p);
-  const int64_t work = static_cast<int64_t>(p.q_heads) * p.new_tokens * total * p.head_dim;
-#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (work > kParallelWork)
+#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (!AttentionRunsSerial(p))
   for (int g = 0; g < p.kv_heads; ++g) {
     float* keys = workspace + static_cast<size_t>(omp_get_thread_num()) * per_thread;
     float* values = keys + static_cast<size_t>(total) * p.head_dim;
@@ -408,6 +411,13 @@ const char* AttentionCheck(const AttentionParams& p) {
     return "row stride smaller than q_heads * head_dim";
   }
   return "";
+}
+
+bool AttentionRunsSerial(const AttentionParams& p) {
+  // Multiply-adds of the scores (the weighted sum of values is as many again).
+  const int64_t work =
+      static_cast<int64_t>(p.q_heads) * p.new_tokens * (p.context_len + p.new_tokens) * p.head_dim;
+  return work <= kParallelWork;
 }
 
 size_t AttentionWorkspaceFloats(const AttentionParams& p) {

@@ -49,6 +49,9 @@ const char* AttentionCheck(const AttentionParams& p);
 // (2 * head_dim + 128) * (context_len + new_tokens) for an extend, group * (context_len + 1) per
 // thread for a decode (one new token).
 size_t AttentionWorkspaceFloats(const AttentionParams& p);
+// True when Invoke runs `p` on the calling thread alone (too little work for a parallel loop):
+// callers with several such calls (a batch of decode steps) may run them in parallel themselves.
+bool AttentionRunsSerial(const AttentionParams& p);
 // A query that sees no key at all (possible with context_len == 0 and an empty mask row, or a
 // window that excludes every slot it may see) gets a zero output.
 //

@@ -16,20 +16,11 @@ namespace tandem::kernels::cpu {
 namespace {
 
 // Vectors of W floats (GCC/Clang vector extensions: SSE/NEON registers for 4, AVX for 8,
-// AVX-512 for 16 when the function is compiled for that target).
+// AVX-512 for 16 when the function is compiled for that target; 1 and 2 for the last steps of a
+// lane sum).
 template <int W>
-struct VecOf;
-template <>
-struct VecOf<4> {
-  typedef float type __attribute__((vector_size(16)));
-};
-template <>
-struct VecOf<8> {
-  typedef float type __attribute__((vector_size(32)));
-};
-template <>
-struct VecOf<16> {
-  typedef float type __attribute__((vector_size(64)));
+struct VecOf {
+  typedef float type __attribute__((vector_size(sizeof(float) * W)));
 };
 
 template <int W>
@@ -39,83 +30,125 @@ inline __attribute__((always_inline)) typename VecOf<W>::type Load(const float* 
   return v;
 }
 
-// The lanes' sum in a fixed pairwise order: halves added until one lane is left.
+// The lanes' sum in a fixed pairwise order: the upper half added to the lower half until one lane
+// is left (lane i += lane i + W/2, then the same on the W/2 lanes left). Done on vectors, in
+// registers: the same additions in the same order as on scalars, so the same bits.
 template <int W>
 inline __attribute__((always_inline)) float Sum(typename VecOf<W>::type v) {
-  float lanes[W];
-  std::memcpy(lanes, &v, sizeof(lanes));
-  for (int width = W / 2; width > 0; width /= 2) {
-    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  if constexpr (W == 1) {
+    return v[0];
+  } else {
+    using Half = typename VecOf<W / 2>::type;
+    Half lo, hi;
+    std::memcpy(&lo, &v, sizeof(Half));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(Half), sizeof(Half));
+    return Sum<W / 2>(lo + hi);
   }
-  return lanes[0];
 }
 
-// R weight rows (w, rows k apart) against G input rows (x, rows k apart): out[a * G + j] = the dot
-// product of weight row a and input row j. Every product is summed in the same order whatever R
-// and G are: W-lane partial sums over k in steps of W, the lanes' pairwise sum, then the tail of
-// k in order. So a row of a many-row product equals the one-row product of that row bit for bit.
+// A tile: R weight rows (w, rows k apart) against G input rows (x, rows k apart). Every product is
+// summed in the same order whatever R and G are: W-lane partial sums over k in steps of W, the
+// lanes' pairwise sum, then the tail of k (k % W) in order. So a row of a many-row product equals
+// the one-row product of that row bit for bit.
+//
+// A tile's input rows pass over its weight rows in groups of G; each group's partial sums wait in
+// memory (stored and reloaded, so the same bits) until the last step of k. With a long k (past
+// kChunk floats) every group passes over one chunk of k before the next chunk, so that the tile's
+// chunk stays in cache for all groups. (Measured, two threads, bench models of 400 MB and 1.5 GB:
+// chunks of 256 floats cost 8-19% at 2-16 rows, chunks of 2048 are within noise of none at k <=
+// 2048 and 2-5% faster at 8-16 rows with k = 12288.)
+constexpr int kChunk = 2048;
+
+// The steps of k in [i0, i1) for one tile, its partial sums acc[a * G + j] (zero when `first`).
+// With a prefetch address `pf` (the next tile's R rows, contiguous from there), each step also
+// asks for the next R * W floats from it, so the next tile arrives while this one computes: a
+// tile's rows are R short streams, too short for the hardware prefetcher to run ahead of.
 template <int W, int R, int G>
-inline __attribute__((always_inline)) void Tile(const float* __restrict w,
-                                                const float* __restrict x, int k,
-                                                float* __restrict out) {
+inline __attribute__((always_inline)) void Steps(const float* __restrict w, size_t ldw,
+                                                 const float* __restrict x, size_t ldx, int i0,
+                                                 int i1, const float* pf, bool first,
+                                                 typename VecOf<W>::type* __restrict acc_mem) {
   using V = typename VecOf<W>::type;
   V acc[R][G];
 #pragma GCC unroll 8
   for (int a = 0; a < R; ++a) {
 #pragma GCC unroll 8
-    for (int j = 0; j < G; ++j) acc[a][j] = V{};
+    for (int j = 0; j < G; ++j) acc[a][j] = first ? V{} : acc_mem[a * G + j];
   }
-  int i = 0;
-  for (; i + W <= k; i += W) {
+#pragma GCC unroll 4  // fewer loop branches between steps: 7% on an in-cache 16-row product
+  for (int i = i0; i < i1; i += W) {
+    if (pf != nullptr) {
+#pragma GCC unroll 8
+      for (int line = 0; line < R * W; line += 16) __builtin_prefetch(pf + R * i + line);
+    }
     V wv[R];
 #pragma GCC unroll 8
-    for (int a = 0; a < R; ++a) wv[a] = Load<W>(w + static_cast<size_t>(a) * k + i);
+    for (int a = 0; a < R; ++a) wv[a] = Load<W>(w + a * ldw + i);
 #pragma GCC unroll 8
     for (int j = 0; j < G; ++j) {
-      const V xv = Load<W>(x + static_cast<size_t>(j) * k + i);
+      const V xv = Load<W>(x + j * ldx + i);
 #pragma GCC unroll 8
       for (int a = 0; a < R; ++a) acc[a][j] += wv[a] * xv;
     }
   }
+#pragma GCC unroll 8
   for (int a = 0; a < R; ++a) {
-    for (int j = 0; j < G; ++j) {
-      float sum = Sum<W>(acc[a][j]);
-      for (int t = i; t < k; ++t) {
-        sum += w[static_cast<size_t>(a) * k + t] * x[static_cast<size_t>(j) * k + t];
+#pragma GCC unroll 8
+    for (int j = 0; j < G; ++j) acc_mem[a * G + j] = acc[a][j];
+  }
+}
+
+// The tile's dot products from its partial sums (steps over [0, kv)): out[a * g + j].
+template <int W, int R>
+inline __attribute__((always_inline)) void Finish(const float* w, size_t ldw, const float* x,
+                                                  size_t ldx, int k, int kv, int g,
+                                                  const typename VecOf<W>::type* acc_mem,
+                                                  float* out) {
+  for (int a = 0; a < R; ++a) {
+    for (int j = 0; j < g; ++j) {
+      float sum = kv > 0 ? Sum<W>(acc_mem[a * g + j]) : 0.0f;
+      for (int t = kv; t < k; ++t) {
+        sum += w[a * ldw + t] * x[j * ldx + t];
       }
-      out[a * G + j] = sum;
+      out[a * g + j] = sum;
     }
   }
 }
 
-// The G-row group of weight rows r..r+R-1 starting at input row j0.
-template <int W, int R>
-inline __attribute__((always_inline)) void Group(const float* w, const float* x, int k, int g,
-                                                 float* sums) {
-  switch (g) {
-    case 1:
-      Tile<W, R, 1>(w, x, k, sums);
-      break;
-    case 2:
-      Tile<W, R, 2>(w, x, k, sums);
-      break;
-    case 3:
-      Tile<W, R, 3>(w, x, k, sums);
-      break;
-    default:
-      Tile<W, R, 4>(w, x, k, sums);
-      break;
+// Steps for the g-row group of input rows at x (1 <= g <= G).
+template <int W, int R, int G>
+inline __attribute__((always_inline)) void GroupSteps(const float* w, size_t ldw, const float* x,
+                                                      size_t ldx, int g, int i0, int i1,
+                                                      const float* pf, bool first,
+                                                      typename VecOf<W>::type* acc_mem) {
+  if constexpr (G > 1) {
+    if (g < G) return GroupSteps<W, R, G - 1>(w, ldw, x, ldx, g, i0, i1, pf, first, acc_mem);
   }
+  Steps<W, R, G>(w, ldw, x, ldx, i0, i1, pf, first, acc_mem);
 }
 
-constexpr int kGroupRows = 4;  // input rows per tile (G)
-
-// y[j, r] = beta * y[j, r] + alpha * x[j] . w[r] for weight rows [r0, r1), every input row.
-template <int W, int R>
-inline __attribute__((always_inline)) void Rows(const RowsProduct& p, int r0, int r1) {
-  float sums[R * kGroupRows];
-  auto store = [&](int r, int rows, int j0, int g) {
-    for (int a = 0; a < rows; ++a) {
+// Weight rows r..r+R-1 against every input row: y[j, r + a] = beta * y + alpha * x[j] . w[r + a].
+// `pf`: the next tile's rows, asked for during the first group's steps (or null).
+template <int W, int R, int G>
+inline __attribute__((always_inline)) void Tile(const RowsProduct& p, int r, const float* pf) {
+  using V = typename VecOf<W>::type;
+  constexpr int kMaxGroups = (kRowsMaxM + G - 1) / G;
+  V acc[kMaxGroups][R * G];
+  float sums[R * G];
+  const size_t ldw = p.ldw > 0 ? p.ldw : p.k, ldx = p.ldx > 0 ? p.ldx : p.k;
+  const float* w = p.w + r * ldw;
+  const int kv = p.k - p.k % W;  // the steps' part of k
+  for (int i0 = 0; i0 < kv; i0 += kChunk) {
+    const int i1 = std::min(kv, i0 + kChunk);
+    for (int j0 = 0, group = 0; j0 < p.m; j0 += G, ++group) {
+      GroupSteps<W, R, G>(w, ldw, p.x + j0 * ldx, ldx, std::min(G, p.m - j0), i0, i1,
+                          group == 0 ? pf : nullptr, i0 == 0, acc[group]);
+    }
+  }
+  for (int j0 = 0, group = 0; j0 < p.m; j0 += G, ++group) {
+    const int g = std::min(G, p.m - j0);
+    Finish<W, R>(w, ldw, p.x + j0 * ldx, ldx, p.k, kv, g, acc[group], sums);
+    for (int a = 0; a < R; ++a) {
       for (int j = 0; j < g; ++j) {
         float* out = p.y + static_cast<size_t>(j0 + j) * p.ldy + r + a;
         const float value = p.alpha * sums[a * g + j];
@@ -123,36 +156,99 @@ inline __attribute__((always_inline)) void Rows(const RowsProduct& p, int r0, in
         *out = p.beta == 0.0f ? value : p.beta * *out + value;
       }
     }
-  };
-  int r = r0;
-  for (; r + R <= r1; r += R) {
-    const float* w = p.w + static_cast<size_t>(r) * p.k;
-    for (int j0 = 0; j0 < p.m; j0 += kGroupRows) {
-      const int g = std::min(kGroupRows, p.m - j0);
-      Group<W, R>(w, p.x + static_cast<size_t>(j0) * p.k, p.k, g, sums);
-      store(r, R, j0, g);
-    }
-  }
-  for (; r < r1; ++r) {  // the last rows of the range, one at a time
-    const float* w = p.w + static_cast<size_t>(r) * p.k;
-    for (int j0 = 0; j0 < p.m; j0 += kGroupRows) {
-      const int g = std::min(kGroupRows, p.m - j0);
-      Group<W, 1>(w, p.x + static_cast<size_t>(j0) * p.k, p.k, g, sums);
-      store(r, 1, j0, g);
-    }
   }
 }
 
-// Every weight row of [r0, r1) against every input row, R weight rows per tile; one input row (a
-// decode step) streams the weights a row at a time: sharing a tile's weight loads pays only when
-// several input rows use them (measured, n 4096 x k 768 on two Zen 4 cores: 42-56 GB/s a row
-// at a time against 33 with 4-row tiles).
-template <int W, int R>
+// y[j, r] = beta * y[j, r] + alpha * x[j] . w[r] for weight rows [r0, r1), every input row.
+template <int W, int R, int G>
+inline __attribute__((always_inline)) void Rows(const RowsProduct& p, int r0, int r1) {
+  int r = r0;
+  for (; r + R <= r1; r += R) {
+    // The next tile is asked for when tiles have several rows (several input rows) and sit
+    // contiguous in memory.
+    const bool contiguous = p.ldw == 0 || p.ldw == p.k;
+    const float* next =
+        R > 1 && contiguous && r + 2 * R <= p.n ? p.w + static_cast<size_t>(r + R) * p.k : nullptr;
+    Tile<W, R, G>(p, r, next);
+  }
+  for (; r < r1; ++r) Tile<W, 1, G>(p, r, nullptr);  // the last rows of the range, one at a time
+}
+
+// Every weight row of [r0, r1) against every input row, tiles of R weight rows x G input rows;
+// one input row (a decode step) streams the weights a row at a time: sharing a tile's weight loads
+// pays only when several input rows use them (measured with the prefetch, two threads: 4-row
+// tiles for one row cost 0-6% more).
+template <int W, int R, int G>
 inline __attribute__((always_inline)) void Product(const RowsProduct& p, int r0, int r1) {
   if (p.m == 1) {
-    Rows<W, 1>(p, r0, r1);
+    Rows<W, 1, 1>(p, r0, r1);
   } else {
-    Rows<W, R>(p, r0, r1);
+    Rows<W, R, G>(p, r0, r1);
+  }
+}
+
+// Weighted rows into T vectors of the flattened [heads, d] output starting at float f0 (d a
+// multiple of W): the outputs stay in registers across the rows.
+template <int W, int T>
+inline __attribute__((always_inline)) void WeightedTile(const WeightedRows& p, int f0) {
+  using V = typename VecOf<W>::type;
+  V acc[T];
+  const float* weights[T];
+  int column[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    const int f = f0 + t * W;
+    acc[t] = Load<W>(p.out + f);
+    weights[t] = p.weights + static_cast<size_t>(f / p.d) * p.ldwt;
+    column[t] = f % p.d;
+  }
+  const int first_head = f0 / p.d, last_head = (f0 + T * W - 1) / p.d;
+  for (int r = 0; r < p.rows; ++r) {
+    bool any = false;
+    for (int h = first_head; h <= last_head; ++h) any |= p.weights[h * p.ldwt + r] != 0.0f;
+    if (!any) continue;
+    const float* row = p.v + r * p.ldv;
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[t] += weights[t][r] * Load<W>(row + column[t]);
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) std::memcpy(p.out + f0 + t * W, &acc[t], sizeof(V));
+}
+
+template <int W>
+inline __attribute__((always_inline)) void Weighted(const WeightedRows& p) {
+  constexpr int kTile = 8;  // output vectors held in registers
+  const int total = p.heads * p.d;
+  if (p.d % W != 0) {  // odd head sizes: one output at a time, rows in order all the same
+    for (int f = 0; f < total; ++f) {
+      const float* weights = p.weights + static_cast<size_t>(f / p.d) * p.ldwt;
+      float sum = p.out[f];
+      for (int r = 0; r < p.rows; ++r) {
+        if (weights[r] != 0.0f) sum += weights[r] * p.v[r * p.ldv + f % p.d];
+      }
+      p.out[f] = sum;
+    }
+    return;
+  }
+  int f0 = 0;
+  for (; f0 + kTile * W <= total; f0 += kTile * W) WeightedTile<W, kTile>(p, f0);
+  switch ((total - f0) / W) {
+    case 7:
+      return WeightedTile<W, 7>(p, f0);
+    case 6:
+      return WeightedTile<W, 6>(p, f0);
+    case 5:
+      return WeightedTile<W, 5>(p, f0);
+    case 4:
+      return WeightedTile<W, 4>(p, f0);
+    case 3:
+      return WeightedTile<W, 3>(p, f0);
+    case 2:
+      return WeightedTile<W, 2>(p, f0);
+    case 1:
+      return WeightedTile<W, 1>(p, f0);
+    default:
+      return;
   }
 }
 
@@ -162,14 +258,57 @@ inline __attribute__((always_inline)) void Product(const RowsProduct& p, int r0,
 #define TANDEM_ROWS_X86 1
 __attribute__((target("avx512f"), optimize("fp-contract=fast"))) void RowsAvx512(
     const RowsProduct& p, int r0, int r1) {
-  Product<16, 4>(p, r0, r1);
+  Product<16, 4, 4>(p, r0, r1);
 }
 __attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void RowsAvx2(
     const RowsProduct& p, int r0, int r1) {
-  Product<8, 2>(p, r0, r1);
+  Product<8, 2, 4>(p, r0, r1);
 }
 #endif
-void RowsPortable(const RowsProduct& p, int r0, int r1) { Product<4, 2>(p, r0, r1); }
+void RowsPortable(const RowsProduct& p, int r0, int r1) { Product<4, 2, 4>(p, r0, r1); }
+#ifdef TANDEM_ROWS_X86
+__attribute__((target("avx512f"), optimize("fp-contract=fast"))) void WeightedAvx512(
+    const WeightedRows& p) {
+  Weighted<16>(p);
+}
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void WeightedAvx2(
+    const WeightedRows& p) {
+  Weighted<8>(p);
+}
+#endif
+void WeightedPortable(const WeightedRows& p) { Weighted<4>(p); }
+
+// The FMA peak of one thread in the same instruction set: kChains independent multiply-add
+// chains of W lanes in registers, `steps` rounds. Returns the chains' sum (kept observable).
+template <int W>
+inline __attribute__((always_inline)) float FmaChains(long steps, float a, float b) {
+  using V = typename VecOf<W>::type;
+  constexpr int kChains = 12;  // more than FMA latency x issue width on current cores
+  V acc[kChains];
+#pragma GCC unroll 12
+  for (int c = 0; c < kChains; ++c) acc[c] = V{} + static_cast<float>(c);
+  for (long s = 0; s < steps; ++s) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * a + b;
+  }
+  float sum = 0.0f;
+  for (int c = 0; c < kChains; ++c) sum += Sum<W>(acc[c]);
+  return sum;
+}
+constexpr long kPeakChainFlops = 12L * 2;  // per step and lane
+
+#ifdef TANDEM_ROWS_X86
+__attribute__((target("avx512f"), optimize("fp-contract=fast"))) float PeakAvx512(long steps,
+                                                                                  float a,
+                                                                                  float b) {
+  return FmaChains<16>(steps, a, b);
+}
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) float PeakAvx2(long steps,
+                                                                                 float a, float b) {
+  return FmaChains<8>(steps, a, b);
+}
+#endif
+float PeakPortable(long steps, float a, float b) { return FmaChains<4>(steps, a, b); }
 
 using RowsFn = void (*)(const RowsProduct&, int, int);
 
@@ -184,6 +323,19 @@ RowsFn PickRows() {
 
 const RowsFn kRows = PickRows();
 
+using WeightedFn = void (*)(const WeightedRows&);
+
+// The version of the same instruction set as kRows.
+WeightedFn PickWeighted() {
+#ifdef TANDEM_ROWS_X86
+  if (kRows == RowsAvx512) return WeightedAvx512;
+  if (kRows == RowsAvx2) return WeightedAvx2;
+#endif
+  return WeightedPortable;
+}
+
+const WeightedFn kWeighted = PickWeighted();
+
 const char* RowsName() {
 #ifdef TANDEM_ROWS_X86
   if (kRows == RowsAvx512) return "avx512";
@@ -193,6 +345,14 @@ const char* RowsName() {
 }
 
 }  // namespace
+
+void InvokeRowsSerial(const RowsProduct& p) {
+  if (p.m > 0 && p.n > 0) kRows(p, 0, p.n);
+}
+
+void InvokeWeightedRowsSerial(const WeightedRows& p) {
+  if (p.rows > 0 && p.heads > 0 && p.d > 0) kWeighted(p);
+}
 
 void InvokeRows(const RowsProduct& p) {
   if (p.m <= 0 || p.n <= 0) return;
@@ -208,5 +368,31 @@ void InvokeRows(const RowsProduct& p) {
 }
 
 const char* RowsKernelName() { return RowsName(); }
+
+double RowsPeakFlops() {
+  float (*peak)(long, float, float) = PeakPortable;
+  int lanes = 4;
+#ifdef TANDEM_ROWS_X86
+  if (kRows == RowsAvx512) peak = PeakAvx512, lanes = 16;
+  if (kRows == RowsAvx2) peak = PeakAvx2, lanes = 8;
+#endif
+  const int threads = CpuThreads();
+  constexpr long kSteps = 1L << 21;  // a few milliseconds a thread
+  double best = 0.0;
+  volatile float sink = 0.0f;
+  for (int round = 0; round < 4; ++round) {  // the first warms the cores up
+    const double start = omp_get_wtime();
+    float sum = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : sum)
+    sum += peak(kSteps, 0.999999f, 1e-7f);
+    const double seconds = omp_get_wtime() - start;
+    sink = sink + sum;
+    if (round > 0) {
+      best =
+          std::max(best, static_cast<double>(threads) * kSteps * lanes * kPeakChainFlops / seconds);
+    }
+  }
+  return best;
+}
 
 }  // namespace tandem::kernels::cpu

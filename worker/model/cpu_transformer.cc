@@ -211,6 +211,7 @@ void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch, co
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<kc::AttentionParams> params(batch.size());
   for (size_t e = 0; e < batch.size(); ++e) {
     const Slice& s = layout.slices[e];
     const float* freq = layout.dyn_freq[e].empty() ? inv_freq_.data() : layout.dyn_freq[e].data();
@@ -234,7 +235,7 @@ void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch, co
       std::memcpy(kv.ValueRow(batch[e].seq, layer, s.context + i), row + (hq + hkv) * d,
                   sizeof(float) * hkv * d);
     }
-    kc::AttentionParams ap;
+    kc::AttentionParams& ap = params[e];
     ap.q = base;
     ap.q_stride = qkv_width;
     ap.k_cache = kv.Keys(layer);
@@ -252,13 +253,45 @@ void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch, co
     ap.window = c.sliding_window;
     ap.out = &a.attn[static_cast<size_t>(s.offset) * hq * d];
     ap.out_stride = hq * d;
-    a.workspace.resize(std::max(a.workspace.size(), kc::AttentionWorkspaceFloats(ap)));
-    kc::AttentionInvoke(ap, a.workspace.data());
   }
+  Attend(params, a);
   kc::Linear(a.attn.data(), w.o.data(), BiasOrNull(w.o_bias), a.proj.data(), total, hidden, hq * d);
   if (lora.has_value()) {
     ApplyLora(*lora, layer, LoraTarget::kO, a.attn.data(), hq * d, a.proj.data(), hidden, 0,
               layout.lora_rows);
+  }
+}
+
+void CpuTransformer::Attend(std::span<const kernels::cpu::AttentionParams> params,
+                            Activations& a) const {
+  bool all_serial = params.size() > 1;
+  for (const kc::AttentionParams& p : params) all_serial = all_serial && kc::AttentionRunsSerial(p);
+  // Side by side, each extend has a workspace of its own; one after another, they share one.
+  std::vector<size_t> offsets(params.size(), 0);
+  size_t floats = 0;
+  for (size_t e = 0; e < params.size(); ++e) {
+    const size_t need = kc::AttentionWorkspaceFloats(params[e]);
+    if (all_serial) {
+      offsets[e] = floats;
+      floats += need;
+    } else {
+      floats = std::max(floats, need);
+    }
+  }
+  a.workspace.resize(std::max(a.workspace.size(), floats));
+  // A batch of small extends (decode steps of several sequences): one loop over the extends, each
+  // on one thread, instead of one extend after another on the calling thread. Each query's sums
+  // are the same either way.
+  // (Not an inactive region otherwise: the extends' own parallel loops would then be nested ones,
+  // which run on one thread.)
+  const int extends = static_cast<int>(params.size());
+  if (all_serial) {
+#pragma omp parallel for schedule(dynamic) num_threads(kc::CpuThreads())
+    for (int e = 0; e < extends; ++e) {
+      kc::AttentionInvoke(params[e], a.workspace.data() + offsets[e]);
+    }
+  } else {
+    for (int e = 0; e < extends; ++e) kc::AttentionInvoke(params[e], a.workspace.data());
   }
 }
 

@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "worker/model/backend.h"
 #include "worker/model/transformer.h"
 
@@ -46,6 +47,8 @@ class CpuTransformer final : public ModelBackend {
   // a.h (the layer's normed input) → a.proj (the attention block's output projection).
   void AttentionBlock(int layer, std::span<const Extend> batch, const Layout& layout, KvCache& kv,
                       Activations& a) const;
+  // Attention of every extend of the batch (their K/V rows already written) into a.attn.
+  void Attend(std::span<const kernels::cpu::AttentionParams> params, Activations& a) const;
   // a.h (the post-attention normed stream) → a.proj (the MLP's down projection).
   void MlpBlock(int layer, const Layout& layout, Activations& a) const;
   // Final norm and LM head over the output rows, then the sample requests.

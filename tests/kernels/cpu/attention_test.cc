@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -319,6 +320,43 @@ TEST(AttentionTest, HeadDimsAndPathBoundary) {
       s.head_dim = head_dim;
       s.pattern = new_tokens % 2 ? Pattern::kRandom : Pattern::kCausal;
       RunAndCompare(MakeProblem(s, seed++));
+    }
+  }
+}
+
+// The direct path computes each query as a one-token extend computes it: query i of a causal
+// extend equals, bit for bit, the decode step of that token over the context and the extend's
+// tokens before it (what makes a short verify step's logits the decode steps').
+TEST(AttentionTest, DirectPathQueriesEqualOneTokenExtends) {
+  for (int head_dim : {20, 64, 128}) {
+    Shape s;
+    s.block_size = 16;
+    s.context = 37;
+    s.new_tokens = kAttentionDirectMaxTokens;
+    s.q_heads = 12;
+    s.kv_heads = 4;
+    s.head_dim = head_dim;
+    const Problem p = MakeProblem(s, 500 + head_dim);
+    std::vector<float> out;
+    const AttentionParams a = Params(p, &out);
+    std::vector<float> workspace(AttentionWorkspaceFloats(a));
+    AttentionInvoke(a, workspace.data());
+    for (int i = 0; i < s.new_tokens; ++i) {
+      AttentionParams one = a;
+      one.q = a.q + static_cast<size_t>(i) * a.q_stride;
+      one.context_len = s.context + i;
+      one.new_tokens = 1;
+      const uint64_t sees_itself = 1;
+      one.mask = &sees_itself;
+      one.mask_words = 1;
+      std::vector<float> single(a.out_stride);
+      one.out = single.data();
+      std::vector<float> ws(AttentionWorkspaceFloats(one));
+      AttentionInvoke(one, ws.data());
+      EXPECT_EQ(std::memcmp(single.data(), out.data() + static_cast<size_t>(i) * a.out_stride,
+                            sizeof(float) * s.q_heads * head_dim),
+                0)
+          << "query " << i << ", head_dim " << head_dim;
     }
   }
 }

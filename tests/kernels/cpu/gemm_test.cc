@@ -77,14 +77,14 @@ TEST_P(LinearTest, AccumulateAddsScaledProduct) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
                          ::testing::Combine(::testing::Values(1, 3, 4, 5, 16, 17),
                                             ::testing::Values(1, 7, 300),
-                                            ::testing::Values(1, 5, 768), ::testing::Bool()));
+                                            ::testing::Values(1, 5, 768, 4100), ::testing::Bool()));
 
 // Row j of an m-row product is the one-row product of x's row j bit for bit, for every m the
-// few-rows kernel takes and sizes that leave partial tiles and vector tails: a verify step's
-// products equal the decode steps' (rows_gemm.h).
+// few-rows kernel takes and sizes that leave partial tiles and vector tails, and a k long enough
+// to pass in several chunks: a verify step's products equal the decode steps' (rows_gemm.h).
 TEST(RowsGemmTest, EveryRowEqualsItsOneRowProductExactly) {
   std::mt19937 rng(7);
-  for (const int k : {5, 16, 67, 768}) {
+  for (const int k : {5, 16, 67, 768, 4100}) {
     for (const int n : {1, 6, 33, 301}) {
       const std::vector<float> x = Random(static_cast<size_t>(kRowsMaxM) * k, rng);
       const std::vector<float> w = Random(static_cast<size_t>(n) * k, rng);
