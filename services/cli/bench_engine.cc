@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/rows_gemm.h"
 #include "nlohmann/json.hpp"
+#include "services/cli/bench_engine_cost.h"
 #include "services/cli/bench_engine_grid.h"
 #include "worker/model/device.h"
 #include "worker/model/transformer.h"
@@ -272,6 +274,22 @@ int RunBenchEngine(const BenchEngineArgs& args) {
   kv.RemoveSequence(0);
   absl::StatusOr<GridResult> grid = MeasureGrid(*model, *grid_spec);
   if (!grid.ok()) return Fail(grid.status());
+  // The extend-cost table, its floors from this run's bandwidth and the cores' peak.
+  StepFloors floors{.weight_bytes = step_bytes,
+                    .kv_element_bytes = cuda ? 2.0 : 4.0,
+                    .read_bandwidth = cuda ? decode->copy_bandwidth : decode->read_bandwidth,
+                    .peak_flops = cuda || !args.extend_cost ? 0.0 : kernels::cpu::RowsPeakFlops(),
+                    .matmul_params = matmul_params};
+  const ExtendCostSpec cost_spec{
+      .context = args.grid_contexts.empty() ? 512 : args.grid_contexts.front(),
+      .reps = args.grid_reps};
+  std::vector<ExtendCostPoint> cost;
+  if (args.extend_cost) {
+    absl::StatusOr<std::vector<ExtendCostPoint>> measured =
+        MeasureExtendCost(*model, cost_spec, floors);
+    if (!measured.ok()) return Fail(measured.status());
+    cost = std::move(*measured);
+  }
 
   // Figures a device does not measure (0) print as null.
   auto opt = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
@@ -313,6 +331,7 @@ int RunBenchEngine(const BenchEngineArgs& args) {
         {"sgemm_gflops", opt(sgemm / 1e9)},
         {"ratio_to_sgemm", opt(sgemm_ratio)}}},
       {"grid", GridJson(*grid)},
+      {"extend_cost", ExtendCostJson(cost, cost_spec.context)},
   };
   if (args.json) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -338,6 +357,7 @@ int RunBenchEngine(const BenchEngineArgs& args) {
     std::printf("%-34s %14.3f\n", "prefill / sgemm", sgemm_ratio);
   }
   PrintGrid(*grid);
+  PrintExtendCost(cost, cost_spec.context, floors);
   return 0;
 }
 

@@ -26,6 +26,8 @@ struct BenchEngineArgs {
   std::vector<int> grid_extends = {1, 2, 4, 8, 16};
   std::vector<int> grid_contexts = {512};
   int grid_reps = 5;
+  // The extend-cost table (bench_engine_cost.h), at the first grid context, grid_reps rounds.
+  bool extend_cost = false;
 };
 
 int RunBenchEngine(const BenchEngineArgs& args);

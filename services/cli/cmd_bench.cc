@@ -49,6 +49,10 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--grid-reps", engine->grid_reps, "Timed steps per grid point (median)")
       ->capture_default_str();
+  cmd->add_flag("--extend-cost", engine->extend_cost,
+                "The extend-cost table: batch 1 x extends 1-32 and batch 2-16 decode at the first "
+                "--grid-contexts value, --grid-reps interleaved rounds, each step over the decode "
+                "step's, beside the bandwidth and compute floors");
   cmd->add_option("--device", engine->device, "Where the model runs: cpu (fp32) or cuda (bf16)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
