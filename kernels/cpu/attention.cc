@@ -22,10 +22,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // in cache between the two products and the softmax; fewer rows also compute less of the causal
 // triangle's far side. 64 to 256 measure alike; 128 is the middle.
 constexpr int kTileRows = 128;
-// Multiply-adds below which the direct path stays on one thread (about a millisecond of work).
-// An OpenMP team costs little on idle cores, but on busy ones its barrier waits a scheduler slice
-// for a preempted thread, and its spinning threads then compete with OpenBLAS's.
-constexpr int64_t kParallelWork = int64_t{1} << 22;
+// Score multiply-adds up to which an extend's attention stays on one thread. An OpenMP team costs
+// little on idle cores, but on busy ones its barrier waits a scheduler slice for a preempted
+// thread. A decode step at 512 keys (0.4M) stays on one thread; a 4-token verify (1.6M) splits:
+// measured on the bench engine's model, 2 threads, three paired runs, a 4-token verify cost
+// 1.13-1.23 decode steps with this bound against 1.28-1.30 with 4M.
+constexpr int64_t kParallelWork = int64_t{1} << 20;
 
 // Four floats: the SSE/NEON register every target of ours has. Without -ffast-math the compiler
 // does not reorder float reductions on its own, so the reductions below spell the vector

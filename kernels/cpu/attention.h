@@ -15,9 +15,9 @@ namespace tandem::kernels::cpu {
 // path: dot products straight from the paged cache, nothing gathered, each query computed exactly
 // as a one-token extend computes it, so such an extend's attention equals that of one-token
 // extends bit for bit (with kernels/cpu/rows_gemm.h the whole step is then batch invariant).
-// Longer extends take the GEMM path, faster from about 8 new tokens on (bench engine's grid,
-// 12/4 heads of 64 at 512 keys: a 16-token extend 33 ms against 40 direct; 4 tokens 18.7
-// against 18.2).
+// Longer extends take the GEMM path, faster from about 8 new tokens on (bench engine
+// --extend-cost, 12/4 heads of 64 at 512 keys, 2 threads: with the direct path up to 16 tokens,
+// an 8-token extend cost 1.84 decode steps against 1.55, a 16-token one 2.5 against 2.1).
 inline constexpr int kAttentionDirectMaxTokens = 4;
 
 struct AttentionParams {
