@@ -25,22 +25,19 @@ const bool kBlasSingleThreaded = [] {
   return true;
 }();
 
-// y[m, n] = alpha * x[m, k] · w[n, k]^T + beta * y with single-threaded OpenBLAS calls, the
-// output columns split across the pool in blocks of 64 (each thread's weight rows are its own).
-void ParallelGemm(const float* x, const float* w, float* y, int m, int n, int k, float alpha,
-                  float beta) {
-  constexpr int kColumnBlock = 64;
-  const int blocks = (n + kColumnBlock - 1) / kColumnBlock;
-  const long work = static_cast<long>(m) * n * k;
-#pragma omp parallel num_threads(CpuThreads()) if (work > (1 << 20))
-  {
-    const int t = omp_get_thread_num(), threads = omp_get_num_threads();
-    const int c0 = std::min(n, blocks * t / threads * kColumnBlock);
-    const int c1 = std::min(n, blocks * (t + 1) / threads * kColumnBlock);
-    if (c1 > c0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, c1 - c0, k, alpha, x, k,
-                  w + static_cast<size_t>(c0) * k, k, beta, y + c0, n);
-    }
+// Products in slabs of at most kRowsMaxM input rows on rows_gemm.h: each slab reads the weights
+// once; each row's sums are the one-row product's.
+void Slabs(const float* x, const float* w, float* y, int m, int n, int k, float alpha, float beta) {
+  for (int r0 = 0; r0 < m; r0 += kRowsMaxM) {
+    InvokeRows({.x = x + static_cast<size_t>(r0) * k,
+                .w = w,
+                .y = y + static_cast<size_t>(r0) * n,
+                .m = std::min(kRowsMaxM, m - r0),
+                .n = n,
+                .k = k,
+                .ldy = n,
+                .alpha = alpha,
+                .beta = beta});
   }
 }
 
@@ -51,23 +48,27 @@ void Linear(const float* x, const float* w, const float* bias, float* y, int m, 
     for (int r = 0; r < m; ++r)
       std::memcpy(y + static_cast<size_t>(r) * n, bias, sizeof(float) * n);
   }
-  const float beta = bias != nullptr ? 1.0f : 0.0f;
-  if (m <= kRowsMaxM) {
-    // Decode and verify steps: the weights read once for all rows (rows_gemm.h). OpenBLAS does
-    // not route m == 1 to its GEMV and packs the weights for few rows.
-    InvokeRows({.x = x, .w = w, .y = y, .m = m, .n = n, .k = k, .ldy = n, .beta = beta});
-    return;
-  }
-  ParallelGemm(x, w, y, m, n, k, 1.0f, beta);
+  Slabs(x, w, y, m, n, k, 1.0f, bias != nullptr ? 1.0f : 0.0f);
 }
 
 void LinearAccumulate(const float* x, const float* w, float* y, int m, int n, int k, float alpha) {
-  if (m <= kRowsMaxM) {
-    InvokeRows(
-        {.x = x, .w = w, .y = y, .m = m, .n = n, .k = k, .ldy = n, .alpha = alpha, .beta = 1.0f});
-    return;
+  Slabs(x, w, y, m, n, k, alpha, 1.0f);
+}
+
+void BlasLinear(const float* x, const float* w, float* y, int m, int n, int k) {
+  constexpr int kColumnBlock = 64;
+  const int blocks = (n + kColumnBlock - 1) / kColumnBlock;
+  const long work = static_cast<long>(m) * n * k;
+#pragma omp parallel num_threads(CpuThreads()) if (work > (1 << 20))
+  {
+    const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    const int c0 = std::min(n, blocks * t / threads * kColumnBlock);
+    const int c1 = std::min(n, blocks * (t + 1) / threads * kColumnBlock);
+    if (c1 > c0) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, c1 - c0, k, 1.0f, x, k,
+                  w + static_cast<size_t>(c0) * k, k, 0.0f, y + c0, n);
+    }
   }
-  ParallelGemm(x, w, y, m, n, k, alpha, 1.0f);
 }
 
 void SetBlasThreads(int threads) {

@@ -15,8 +15,9 @@
 
 namespace tandem::kernels::cpu {
 
-// Input rows up to which Linear takes this path; more rows are a BLAS GEMM.
-inline constexpr int kRowsMaxM = 16;
+// Input rows of one product (Linear splits more into slabs of this many). A tile's partial sums
+// for every group of input rows wait on the stack: kRowsMaxM / 4 x 16 vectors.
+inline constexpr int kRowsMaxM = 64;
 
 struct RowsProduct {
   const float* x = nullptr;  // [m, k], rows ldx apart

@@ -91,7 +91,8 @@ absl::StatusOr<std::vector<ExtendCostPoint>> MeasureExtendCost(Transformer& mode
   return points;
 }
 
-nlohmann::json ExtendCostJson(const std::vector<ExtendCostPoint>& points, int context) {
+nlohmann::json ExtendCostJson(const std::vector<ExtendCostPoint>& points, int context,
+                              const StepFloors& floors) {
   if (points.empty()) return nullptr;
   const ExtendCostPoint& decode = points.front();
   auto opt = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
@@ -107,7 +108,10 @@ nlohmann::json ExtendCostJson(const std::vector<ExtendCostPoint>& points, int co
                     {"floor_ratio",
                      Floor(decode) > 0 ? opt(Floor(p) / Floor(decode)) : nlohmann::json(nullptr)}});
   }
-  return {{"context", context}, {"points", rows}};
+  return {{"context", context},
+          {"read_bandwidth_gbs", opt(floors.read_bandwidth / 1e9)},
+          {"peak_gflops", opt(floors.peak_flops / 1e9)},
+          {"points", rows}};
 }
 
 void PrintExtendCost(const std::vector<ExtendCostPoint>& points, int context,

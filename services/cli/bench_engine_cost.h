@@ -45,9 +45,10 @@ absl::StatusOr<std::vector<ExtendCostPoint>> MeasureExtendCost(Transformer& mode
                                                                const ExtendCostSpec& spec,
                                                                const StepFloors& floors);
 
-// {"context", "points": [{batch, extend, rows, step_ms, ratio, bandwidth_floor_ms,
-// compute_floor_ms, floor_ratio}]}; null when empty.
-nlohmann::json ExtendCostJson(const std::vector<ExtendCostPoint>& points, int context);
+// {"context", "read_bandwidth_gbs", "peak_gflops", "points": [{batch, extend, rows, step_ms,
+// ratio, bandwidth_floor_ms, compute_floor_ms, floor_ratio}]}; null when empty.
+nlohmann::json ExtendCostJson(const std::vector<ExtendCostPoint>& points, int context,
+                              const StepFloors& floors);
 
 void PrintExtendCost(const std::vector<ExtendCostPoint>& points, int context,
                      const StepFloors& floors);

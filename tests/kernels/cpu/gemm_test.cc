@@ -1,6 +1,6 @@
-// Linear / LinearAccumulate against a double-precision reference, for the few-rows kernel
-// (rows_gemm.h, up to kRowsMaxM rows) and the GEMM path, with outputs that start as NaN so a
-// product that reads them is caught; and the few-rows kernel's batch invariance.
+// Linear / LinearAccumulate against a double-precision reference, in one slab of the few-rows
+// kernel (rows_gemm.h, up to kRowsMaxM rows) and in several, with outputs that start as NaN so a
+// product that reads them is caught; and the products' batch invariance.
 #include "kernels/cpu/gemm.h"
 
 #include <cmath>
@@ -75,7 +75,7 @@ TEST_P(LinearTest, AccumulateAddsScaledProduct) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
-                         ::testing::Combine(::testing::Values(1, 3, 4, 5, 16, 17),
+                         ::testing::Combine(::testing::Values(1, 3, 4, 5, 17, 64, 130),
                                             ::testing::Values(1, 7, 300),
                                             ::testing::Values(1, 5, 768, 4100), ::testing::Bool()));
 
@@ -86,14 +86,15 @@ TEST(RowsGemmTest, EveryRowEqualsItsOneRowProductExactly) {
   std::mt19937 rng(7);
   for (const int k : {5, 16, 67, 768, 4100}) {
     for (const int n : {1, 6, 33, 301}) {
-      const std::vector<float> x = Random(static_cast<size_t>(kRowsMaxM) * k, rng);
+      constexpr int kRows = 2 * kRowsMaxM + 2;  // three slabs
+      const std::vector<float> x = Random(static_cast<size_t>(kRows) * k, rng);
       const std::vector<float> w = Random(static_cast<size_t>(n) * k, rng);
-      std::vector<float> single(static_cast<size_t>(kRowsMaxM) * n);
-      for (int j = 0; j < kRowsMaxM; ++j) {
+      std::vector<float> single(static_cast<size_t>(kRows) * n);
+      for (int j = 0; j < kRows; ++j) {
         Linear(x.data() + static_cast<size_t>(j) * k, w.data(), nullptr,
                single.data() + static_cast<size_t>(j) * n, 1, n, k);
       }
-      for (int m = 2; m <= kRowsMaxM; ++m) {
+      for (const int m : {2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, kRowsMaxM, kRowsMaxM + 1, kRows}) {
         std::vector<float> many(static_cast<size_t>(m) * n);
         Linear(x.data(), w.data(), nullptr, many.data(), m, n, k);
         EXPECT_EQ(std::memcmp(many.data(), single.data(), many.size() * sizeof(float)), 0)
