@@ -195,7 +195,8 @@ int RunBenchCluster(const BenchClusterArgs& args) {
   auto drafter = ChildProcess::Start({.name = "drafter",
                                       .argv = {*drafter_bin, "--model", drafter_dir, "--listen",
                                                "127.0.0.1:0", "--threads", std::to_string(threads)},
-                                      .forward_output = false});
+                                      .forward_output = false,
+                                      .default_env = SharedCoresEnv()});
   if (!drafter.ok()) return fail(drafter.status());
   absl::StatusOr<std::string> drafter_address = (*drafter)->WaitForAddress(absl::Seconds(60));
   if (!drafter_address.ok()) return fail(drafter_address.status());
@@ -204,7 +205,8 @@ int RunBenchCluster(const BenchClusterArgs& args) {
        .argv = {*verifier_bin, "--model", *model_dir, "--listen", "127.0.0.1:0", "--threads",
                 std::to_string(threads), "--drafter", *drafter_address, "--draft-timeout-ms",
                 std::to_string(args.draft_timeout_ms)},
-       .forward_output = false});
+       .forward_output = false,
+       .default_env = SharedCoresEnv()});
   if (!verifier.ok()) return fail(verifier.status());
   absl::StatusOr<std::string> verifier_address = (*verifier)->WaitForAddress(absl::Seconds(60));
   if (!verifier_address.ok()) return fail(verifier_address.status());

@@ -34,6 +34,8 @@ void WriteAll(int fd, const char* data, size_t size) {
 
 }  // namespace
 
+std::vector<std::string> SharedCoresEnv() { return {"OMP_WAIT_POLICY=passive"}; }
+
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(Options options) {
   if (options.argv.empty()) return absl::InvalidArgumentError("no command to start");
   const std::string& path = options.argv[0];
@@ -53,6 +55,13 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(Options option
   std::vector<char*> argv;
   for (std::string& arg : options.argv) argv.push_back(arg.data());
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (std::string& entry : options.default_env) {
+    const std::string name = entry.substr(0, entry.find('='));
+    if (getenv(name.c_str()) == nullptr) envp.push_back(entry.data());
+  }
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
@@ -67,7 +76,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(Options option
     sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     static constexpr char kFailed[] = "exec failed\n";
     WriteAll(STDERR_FILENO, kFailed, sizeof(kFailed) - 1);
     _exit(127);

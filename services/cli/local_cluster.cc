@@ -77,9 +77,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
 
 absl::StatusOr<std::string> LocalCluster::StartService(std::string name,
                                                        std::vector<std::string> argv) {
+  // The drafter and the verifiers share this machine's cores.
+  std::vector<std::string> env;
+  if (name == "drafter" || name == "verifier") env = SharedCoresEnv();
   auto child = ChildProcess::Start({.name = std::move(name),
                                     .argv = std::move(argv),
-                                    .forward_output = options_.forward_output});
+                                    .forward_output = options_.forward_output,
+                                    .default_env = std::move(env)});
   if (!child.ok()) {
     Stop();
     return child.status();

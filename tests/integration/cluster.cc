@@ -16,7 +16,9 @@ constexpr absl::Duration kStartTimeout = absl::Seconds(120);
 absl::StatusOr<std::unique_ptr<ChildProcess>> StartService(const std::string& name,
                                                            std::vector<std::string> argv,
                                                            std::string* address) {
-  auto child = ChildProcess::Start({.name = name, .argv = std::move(argv)});
+  // Test services share the machine's cores with each other and with other tests.
+  auto child =
+      ChildProcess::Start({.name = name, .argv = std::move(argv), .default_env = SharedCoresEnv()});
   if (!child.ok()) return child.status();
   auto announced = (*child)->WaitForAddress(kStartTimeout);
   if (!announced.ok()) return announced.status();
