@@ -46,8 +46,8 @@ inline __attribute__((always_inline)) float Sum(typename VecOf<W>::type v) {
   }
 }
 
-// A tile: R weight rows (w, rows k apart) against G input rows (x, rows k apart). Every product is
-// summed in the same order whatever R and G are: W-lane partial sums over k in steps of W, the
+// A tile: R weight rows (w, rows ldw apart) against G input rows (x, rows ldx apart). Every product
+// is summed in the same order whatever R and G are: W-lane partial sums over k in steps of W, the
 // lanes' pairwise sum, then the tail of k (k % W) in order. So a row of a many-row product equals
 // the one-row product of that row bit for bit.
 //

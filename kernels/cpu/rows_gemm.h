@@ -3,6 +3,7 @@
 // product, the m dot products accumulate in registers (register tiles of weight rows x input
 // rows), and the rows split across the OpenMP pool. A decode step (m = 1) and a k-token verify
 // step (m = k) then read the weights once alike, instead of through a BLAS GEMM's packing.
+// Linear (gemm.h) runs every product through it, in slabs of up to kRowsMaxM input rows.
 //
 // Batch invariant: each output is summed in one fixed order whatever m is, so row j of a
 // many-row product equals the one-row product of input row j bit for bit (with attention's direct

@@ -4,8 +4,9 @@
 // here, so the format is testable on its own; http_front.h serves it.
 //
 // Extensions beyond OpenAI's parameters: `mode` (a decoding mode: ar, spec, ...), `top_k`, `min_p`
-// and `stop_token_ids`. Parameters Tandem cannot honour (n > 1, logprobs, echo, penalties, tools)
-// are refused with 400 rather than silently ignored.
+// and `stop_token_ids`. Parameters Tandem cannot honour (a json_schema response format, tools and
+// tool_choice) are refused with 400 rather than silently ignored (docs/HTTP_API.md lists them
+// all).
 //
 // Thread-safety: pure functions.
 #pragma once
