@@ -55,7 +55,7 @@ inline __attribute__((always_inline)) float Sum(typename VecOf<W>::type v) {
 // memory (stored and reloaded, so the same bits) until the last step of k. With a long k (past
 // kChunk floats) every group passes over one chunk of k before the next chunk, so that the tile's
 // chunk stays in cache for all groups. (Measured, two threads, bench models of 400 MB and 1.5 GB:
-// chunks of 256 floats cost 8-19% at 2-16 rows, chunks of 2048 are within noise of none at k <=
+// chunks of 256 floats cost 4-19% at 2-16 rows, chunks of 2048 are within noise of none at k <=
 // 2048 and 2-5% faster at 8-16 rows with k = 12288.)
 constexpr int kChunk = 2048;
 
