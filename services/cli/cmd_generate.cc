@@ -122,6 +122,9 @@ int RunGenerate(const GenerateArgs& args) {
   }
   const double seconds = result->seconds;
   const int n = static_cast<int>(result->tokens.size());
+  // Decode: the tokens after the first over their time (the first comes with the prompt's forward).
+  const double decode_seconds = seconds - result->first_token_seconds;
+  const double decode_rate = n > 1 && decode_seconds > 0 ? (n - 1) / decode_seconds : 0.0;
   if (args.json) {
     nlohmann::json j = {
         {"text", result->text},
@@ -141,6 +144,8 @@ int RunGenerate(const GenerateArgs& args) {
          result->forwards > 0 ? static_cast<double>(n) / result->forwards : 0.0},
         {"seconds", seconds},
         {"tokens_per_second", seconds > 0 ? n / seconds : 0.0},
+        {"first_token_seconds", result->first_token_seconds},
+        {"decode_tokens_per_second", decode_rate},
     };
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -152,12 +157,12 @@ int RunGenerate(const GenerateArgs& args) {
     }
     std::fprintf(stderr,
                  "[mode %s%s: %d prompt tokens, %d tokens (%s), %d forwards, %.2f tokens/forward, "
-                 "%.1f tokens/s]\n",
+                 "%.1f tokens/s, first token %.1f ms, decode %.1f tokens/s]\n",
                  result->mode.c_str(), result->lossless ? "" : " (lossy)",
                  static_cast<int>(result->prompt_ids.size()), n,
                  std::string(FinishReasonName(result->finish)).c_str(), result->forwards,
                  result->forwards > 0 ? static_cast<double>(n) / result->forwards : 0.0,
-                 seconds > 0 ? n / seconds : 0.0);
+                 seconds > 0 ? n / seconds : 0.0, result->first_token_seconds * 1e3, decode_rate);
   }
   return 0;
 }

@@ -99,10 +99,17 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
     result.text += piece;
     if (on_text) on_text(piece);
   };
+  std::chrono::steady_clock::time_point start;  // set just before the run
+  bool first_token = true;
   RunOptions run;
   run.max_tokens = max_tokens;
   run.sampling = options.sampling;
   run.on_token = [&](int32_t token) {
+    if (first_token) {
+      first_token = false;
+      result.first_token_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     absl::StatusOr<std::string> delta = detok.Push({&token, 1});
     if (!delta.ok()) {
       stream_status = delta.status();
@@ -115,7 +122,7 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   };
   // Modes may overshoot the context by a few drafts; the cache holds them all.
   KvCache kv(model_->model->KvOptions(prompt_len + max_tokens + 256));
-  const auto start = std::chrono::steady_clock::now();
+  start = std::chrono::steady_clock::now();
   TANDEM_ASSIGN_OR_RETURN(RunStats stats,
                           RunSequence(*model_->model, kv, 0, *mode, result.prompt_ids, run));
   TANDEM_RETURN_IF_ERROR(stream_status);

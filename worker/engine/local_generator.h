@@ -52,6 +52,9 @@ struct GenerateResult {
   int steps_with_drafts = 0;
   int drafter_forwards = 0;  // forwards of a separate drafter model (spec)
   double seconds = 0;        // prefill and decode
+  // Until the first completion token arrived (the prompt's forward and that token's draw): the
+  // rest of `seconds` is decode, seconds - first_token_seconds for tokens.size() - 1 tokens.
+  double first_token_seconds = 0;
 };
 
 // A loaded model with its tokenizer and chat template.

@@ -61,6 +61,9 @@ TEST_F(LocalGeneratorTest, GreedyMatchesFullRecomputationEachStep) {
   }
   EXPECT_EQ(r->forwards, static_cast<int>(r->tokens.size()));
   EXPECT_EQ(streamed, r->text);
+  // The first token's time is part of the whole run's, and the decode of 11 tokens takes some.
+  EXPECT_GT(r->first_token_seconds, 0.0);
+  EXPECT_LT(r->first_token_seconds, r->seconds);
 }
 
 TEST_F(LocalGeneratorTest, MaxTokensAndContextLimitEndWithLength) {
