@@ -122,10 +122,13 @@ void PrintExtendCost(const std::vector<ExtendCostPoint>& points, int context,
       "\nextend cost at context %d (interleaved rounds, medians; / decode: over the 1 x 1 "
       "step)\n",
       context);
-  std::printf(
-      "floors: weights + K/V at %.1f GB/s read, FLOPs at %.1f GFLOP/s (multiply-add "
-      "peak); floor / decode: the best a step could do next to a decode step\n",
-      floors.read_bandwidth / 1e9, floors.peak_flops / 1e9);
+  std::printf("floors: weights + K/V at %.1f GB/s read", floors.read_bandwidth / 1e9);
+  if (floors.peak_flops > 0) {
+    std::printf(", FLOPs at %.1f GFLOP/s (multiply-add peak)", floors.peak_flops / 1e9);
+  } else {
+    std::printf(" (no compute floor on this device)");
+  }
+  std::printf("; floor / decode: the best a step could do next to a decode step\n");
   std::printf("%14s %5s %9s %9s %12s %15s %15s\n", "batch x extend", "rows", "step ms", "/ decode",
               "bw floor ms", "compute floor ms", "floor / decode");
   for (const ExtendCostPoint& p : points) {
