@@ -1,4 +1,5 @@
 // Internal to the engine: the per-request state and the actor behind Engine, shared by
+// engine_submit.cc (a request checked and built into a sequence on the caller's thread),
 // engine.cc (admission, the step loop, finishing) and engine_drafting.cc (drafter sessions,
 // draft chains and hidden states for `spec`). Everything here is owned by the engine thread
 // unless a member's comment says otherwise.
@@ -160,7 +161,7 @@ class Engine::Impl {
   };
   using ModeCounts = std::map<std::string, int, std::less<>>;
 
-  // Submit's parts (caller's thread).
+  // Submit's parts (caller's thread; engine_submit.cc).
   absl::StatusOr<std::shared_ptr<EngineSequence>> BuildSequence(const SequenceRequest& request);
   absl::Status SetUpStops(EngineSequence& seq, const SequenceRequest& request);
   absl::StatusOr<uint64_t> Enqueue(std::shared_ptr<EngineSequence> seq);

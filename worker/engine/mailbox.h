@@ -19,7 +19,7 @@
 
 namespace tandem {
 
-// Defined in engine.cc. Shared ownership only so that this header needs no definition.
+// Defined in engine_impl.h. Shared ownership only so that this header needs no definition.
 struct EngineSequence;
 
 namespace engine_message {
