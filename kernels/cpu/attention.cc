@@ -251,7 +251,7 @@ void InvokeDirect(const AttentionParams& p, float* workspace) {
       InvokeWeightedRowsSerial({.weights = scores + slot - v.lo,
                                 .ldwt = n,
                                 .v = values,
-                                .ldv = RowStride(p),
+                                .ldv = static_cast<size_t>(row_stride),
                                 .rows = count,
                                 .heads = group,
                                 .d = d,

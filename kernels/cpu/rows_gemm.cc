@@ -215,6 +215,15 @@ inline __attribute__((always_inline)) void WeightedTile(const WeightedRows& p, i
   for (int t = 0; t < T; ++t) std::memcpy(p.out + f0 + t * W, &acc[t], sizeof(V));
 }
 
+// The last `count` (1 <= count <= T) output vectors in one tile of their size.
+template <int W, int T>
+inline __attribute__((always_inline)) void WeightedTail(const WeightedRows& p, int f0, int count) {
+  if constexpr (T > 1) {
+    if (count < T) return WeightedTail<W, T - 1>(p, f0, count);
+  }
+  WeightedTile<W, T>(p, f0);
+}
+
 template <int W>
 inline __attribute__((always_inline)) void Weighted(const WeightedRows& p) {
   constexpr int kTile = 8;  // output vectors held in registers
@@ -232,24 +241,8 @@ inline __attribute__((always_inline)) void Weighted(const WeightedRows& p) {
   }
   int f0 = 0;
   for (; f0 + kTile * W <= total; f0 += kTile * W) WeightedTile<W, kTile>(p, f0);
-  switch ((total - f0) / W) {
-    case 7:
-      return WeightedTile<W, 7>(p, f0);
-    case 6:
-      return WeightedTile<W, 6>(p, f0);
-    case 5:
-      return WeightedTile<W, 5>(p, f0);
-    case 4:
-      return WeightedTile<W, 4>(p, f0);
-    case 3:
-      return WeightedTile<W, 3>(p, f0);
-    case 2:
-      return WeightedTile<W, 2>(p, f0);
-    case 1:
-      return WeightedTile<W, 1>(p, f0);
-    default:
-      return;
-  }
+  const int left = (total - f0) / W;  // fewer than kTile vectors
+  if (left > 0) WeightedTail<W, kTile - 1>(p, f0, left);
 }
 
 // One version per instruction set; a process uses one of them for every product, so decode and
