@@ -32,6 +32,15 @@ namespace {
 
 const std::string kModels = test_support::SourceDir() + "/models/";
 
+// A short prompt in the ids of the bundled model under `dir` (its own tokenizer, so the ids are
+// inside its vocabulary).
+std::vector<int32_t> PromptIds(const std::string& dir) {
+  absl::StatusOr<LoadedModel> loaded = LoadModelDir(dir);
+  if (!loaded.ok()) return {};
+  absl::StatusOr<std::vector<int32_t>> ids = loaded->tokenizer->Encode("The capital of France is");
+  return ids.ok() ? *ids : std::vector<int32_t>{};
+}
+
 class CudaModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -662,7 +671,8 @@ TEST_F(CudaModelTest, SeededArRunOnTheDeviceEqualsHostSampling) {
   auto gpu = LoadModelDir(dir, {.device = Device::kCuda});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   Transformer& model = *gpu->model;
-  const std::vector<int32_t> prompt = {785, 6722, 315, 9625, 374};
+  const std::vector<int32_t> prompt = PromptIds(dir);
+  ASSERT_FALSE(prompt.empty());
   for (const SamplingParams& params :
        {SamplingParams{.temperature = 0.8f, .seed = 3},
         SamplingParams{.temperature = 1.0f, .top_k = 50, .top_p = 0.9f, .seed = 11}}) {
@@ -834,6 +844,8 @@ TEST_F(CudaModelTest, SpecWithDeviceVerificationMatchesArAndHostVerification) {
   Transformer& draft_model = drafter.ok() ? **drafter : model;
   const int vocab = model.config().vocab_size;
   const int context = model.config().max_position_embeddings;
+  const std::vector<int32_t> prompt = PromptIds(dir);
+  ASSERT_FALSE(prompt.empty());
   auto spec = [&] {
     return std::make_unique<SpecMode>(4, std::make_unique<InProcessArDrafter>(&draft_model, 1024),
                                       vocab, context);
@@ -843,8 +855,7 @@ TEST_F(CudaModelTest, SpecWithDeviceVerificationMatchesArAndHostVerification) {
     options.max_tokens = 32;
     options.sampling = sampling;
     KvCache kv(model.KvOptions(1024, 16));
-    return RunSequence(model, kv, 1, mode, std::vector<int32_t>{785, 6722, 315, 9625, 374},
-                       options);
+    return RunSequence(model, kv, 1, mode, prompt, options);
   };
   ArMode ar(vocab);
   auto want = run(ar, {});
