@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.cuh"
@@ -188,6 +190,148 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The vector path of AttentionKernel, for head_dim = 8 * G with G a power of two (head_dim 8 to
+// 256) and 16-byte-aligned caches: the same grid and the same outputs, laid out for memory
+// latency. G threads share a slot, each holding 8 of its dimensions (one 16-byte load of K and
+// one of V), so the CTA's kThreads / G slot groups work on as many slots at once, each group on
+// every (kThreads / G)-th slot with its own running max, sum and P·V; a round issues kRound
+// slots' K and V loads per thread before any is used. The groups merge through shared memory at
+// the end, as the splits do in MergeKernel.
+constexpr int kVector = 8;  // bf16 dims per 16-byte load
+constexpr int kRound = 4;   // slots per group whose loads are in flight together
+
+template <int G>
+__global__ void __launch_bounds__(kThreads)
+    AttentionVectorKernel(const __nv_bfloat16* q, int q_stride, const __nv_bfloat16* k_cache,
+                          const __nv_bfloat16* v_cache, const int32_t* block_tables, int block_size,
+                          const AttentionExtend* extends, int num_extends, const uint64_t* masks,
+                          int q_heads, int kv_heads, float scale, int window, __nv_bfloat16* out,
+                          int out_stride, float* partial_o, float* partial_m, float* partial_l) {
+  constexpr int kGroups = kThreads / G;
+  constexpr int kHeadDim = G * kVector;
+  __shared__ float group_m[kGroups];
+  __shared__ float group_l[kGroups];
+  __shared__ float group_o[kGroups * kHeadDim];
+
+  const int t = blockIdx.x;
+  const int head = blockIdx.y;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+  const int total_tokens = gridDim.x;
+  const int kv_head = head / (q_heads / kv_heads);
+  const AttentionExtend e = extends[FindExtend(extends, num_extends, t)];
+  const int i = t - e.token_offset;
+  const int32_t* table = block_tables + e.block_table_offset;
+  const int64_t row_elements = static_cast<int64_t>(kv_heads) * kHeadDim;
+  const int group = threadIdx.x / G;
+  const int part = threadIdx.x % G;  // dims [part * 8, part * 8 + 8)
+
+  float qf[kVector];
+  const __nv_bfloat16* q_row = q + static_cast<size_t>(t) * q_stride + head * kHeadDim;
+#pragma unroll
+  for (int j = 0; j < kVector; ++j) qf[j] = __bfloat162float(q_row[part * kVector + j]);
+
+  int lo = 0, hi = 0;
+  if (i >= 0 && i < e.new_tokens) VisibleSpan(e, i, window, &lo, &hi);
+  const int span = max(0, hi - lo);
+  const int chunk = (span + splits - 1) / splits;
+  const int begin = lo + min(span, split * chunk);
+  const int end = lo + min(span, (split + 1) * chunk);
+
+  float m = -INFINITY, l = 0.0f;
+  float acc[kVector] = {};
+  // Every thread runs the same rounds (the shuffles below need whole warps); slots past `end`
+  // are masked.
+  for (int round = begin; round < end; round += kGroups * kRound) {
+    uint4 kv_k[kRound], kv_v[kRound];
+    bool seen[kRound];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int slot = round + u * kGroups + group;
+      seen[u] = slot < end && (slot < e.context_len || Sees(e, masks, i, slot - e.context_len));
+      kv_k[u] = kv_v[u] = make_uint4(0, 0, 0, 0);
+      if (seen[u]) {
+        const int64_t row =
+            static_cast<int64_t>(table[slot / block_size]) * block_size * row_elements +
+            static_cast<int64_t>(slot % block_size) * row_elements +
+            static_cast<int64_t>(kv_head) * kHeadDim + part * kVector;
+        kv_k[u] = *reinterpret_cast<const uint4*>(k_cache + row);
+        kv_v[u] = *reinterpret_cast<const uint4*>(v_cache + row);
+      }
+    }
+    float score[kRound];
+    float round_max = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const __nv_bfloat162* kp = reinterpret_cast<const __nv_bfloat162*>(&kv_k[u]);
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kVector / 2; ++j) {
+        const float2 kf = __bfloat1622float2(kp[j]);
+        dot = fmaf(qf[2 * j], kf.x, dot);
+        dot = fmaf(qf[2 * j + 1], kf.y, dot);
+      }
+#pragma unroll
+      for (int offset = G / 2; offset > 0; offset /= 2) {
+        dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      }
+      score[u] = seen[u] ? dot * scale : -INFINITY;
+      round_max = fmaxf(round_max, score[u]);
+    }
+    const float m_new = fmaxf(m, round_max);
+    if (m_new != -INFINITY) {
+      const float correction = expf(m - m_new);  // m == -inf: 0 (nothing accumulated yet)
+      l *= correction;
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) acc[j] *= correction;
+#pragma unroll
+      for (int u = 0; u < kRound; ++u) {
+        const float p = expf(score[u] - m_new);  // hidden slots: exp(-inf) = 0
+        l += p;
+        const __nv_bfloat162* vp = reinterpret_cast<const __nv_bfloat162*>(&kv_v[u]);
+#pragma unroll
+        for (int j = 0; j < kVector / 2; ++j) {
+          const float2 vf = __bfloat1622float2(vp[j]);
+          acc[2 * j] = fmaf(p, vf.x, acc[2 * j]);
+          acc[2 * j + 1] = fmaf(p, vf.y, acc[2 * j + 1]);
+        }
+      }
+      m = m_new;
+    }
+  }
+
+  if (part == 0) {
+    group_m[group] = m;
+    group_l[group] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < kVector; ++j) group_o[group * kHeadDim + part * kVector + j] = acc[j];
+  __syncthreads();
+  float m_all = -INFINITY;
+  for (int g = 0; g < kGroups; ++g) m_all = fmaxf(m_all, group_m[g]);
+  float l_all = 0.0f;
+  for (int g = 0; g < kGroups; ++g) {
+    if (group_m[g] != -INFINITY) l_all += group_l[g] * expf(group_m[g] - m_all);
+  }
+  const size_t item = (static_cast<size_t>(split) * total_tokens + t) * q_heads + head;
+  for (int d = threadIdx.x; d < kHeadDim; d += kThreads) {
+    float sum = 0.0f;
+    for (int g = 0; g < kGroups; ++g) {
+      if (group_m[g] != -INFINITY) sum += group_o[g * kHeadDim + d] * expf(group_m[g] - m_all);
+    }
+    if (splits == 1) {
+      const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;  // sees nothing: zero output
+      out[static_cast<size_t>(t) * out_stride + head * kHeadDim + d] = __float2bfloat16(sum * inv);
+    } else {
+      partial_o[item * kHeadDim + d] = sum;
+    }
+  }
+  if (splits > 1 && threadIdx.x == 0) {
+    partial_m[item] = m_all;
+    partial_l[item] = l_all;
+  }
+}
+
 // One CTA per (batch row, q head): rescales each split's partial to the common maximum and
 // normalises by the combined sum. Splits that saw nothing have m = -inf and l = 0.
 __global__ void MergeKernel(const float* partial_o, const float* partial_m, const float* partial_l,
@@ -213,6 +357,20 @@ __global__ void MergeKernel(const float* partial_o, const float* partial_m, cons
     }
     o[d] = __float2bfloat16(sum * inv);
   }
+}
+
+// G (threads per slot) of the vector path for `params`, or 0 for the general kernel: head_dim
+// a multiple of 8 whose eighth is a power of two, both caches 16-byte aligned, and the path not
+// switched off (TANDEM_CUDA_ATTENTION_VECTOR=0, read once per process; for comparisons).
+int VectorPathGroup(const PagedAttentionParams& params) {
+  static const bool enabled = [] {
+    const char* value = std::getenv("TANDEM_CUDA_ATTENTION_VECTOR");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  const int g = params.head_dim / kVector;
+  if (!enabled || params.head_dim % kVector != 0 || (g & (g - 1)) != 0 || g > kWarpSize) return 0;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return aligned(params.k_cache) && aligned(params.v_cache) ? g : 0;
 }
 
 }  // namespace
@@ -299,11 +457,40 @@ absl::Status Invoke(const PagedAttentionParams& params, cudaStream_t stream) {
     partial_l = partial_m + items;
   }
   const dim3 grid(params.total_tokens, params.q_heads, splits);
-  AttentionKernel<<<grid, kThreads, 0, stream>>>(
-      params.q, params.q_stride, params.k_cache, params.v_cache, params.block_tables,
-      params.block_size, params.extends, params.num_extends, params.masks, params.q_heads,
-      params.kv_heads, params.head_dim, params.scale, params.window, params.out, params.out_stride,
-      partial_o, partial_m, partial_l);
+  const auto vector = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, stream>>>(params.q, params.q_stride, params.k_cache, params.v_cache,
+                                          params.block_tables, params.block_size, params.extends,
+                                          params.num_extends, params.masks, params.q_heads,
+                                          params.kv_heads, params.scale, params.window, params.out,
+                                          params.out_stride, partial_o, partial_m, partial_l);
+  };
+  switch (VectorPathGroup(params)) {
+    case 1:
+      vector(AttentionVectorKernel<1>);
+      break;
+    case 2:
+      vector(AttentionVectorKernel<2>);
+      break;
+    case 4:
+      vector(AttentionVectorKernel<4>);
+      break;
+    case 8:
+      vector(AttentionVectorKernel<8>);
+      break;
+    case 16:
+      vector(AttentionVectorKernel<16>);
+      break;
+    case 32:
+      vector(AttentionVectorKernel<32>);
+      break;
+    default:
+      AttentionKernel<<<grid, kThreads, 0, stream>>>(
+          params.q, params.q_stride, params.k_cache, params.v_cache, params.block_tables,
+          params.block_size, params.extends, params.num_extends, params.masks, params.q_heads,
+          params.kv_heads, params.head_dim, params.scale, params.window, params.out,
+          params.out_stride, partial_o, partial_m, partial_l);
+      break;
+  }
   TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (splits > 1) {
     const int threads = std::min(kThreads, internal::CeilDiv(params.head_dim, 32) * 32);

@@ -16,10 +16,17 @@
 // bf16 q, K, V and output; scores, softmax (online, running max) and P·V in fp32. GQA: q head h
 // reads kv head h / (q_heads / kv_heads).
 //
-// Paths: one CTA per (token, q head) walks the visible slots in tiles of 64 with an online
-// softmax. With few CTAs and long contexts (AttentionSplits) the slots are split into chunks
-// processed by separate CTAs (split-KV, "flash decoding"); each writes an unnormalised partial
-// (max, sum, P·V) to the workspace and a second kernel merges them.
+// Paths: one CTA per (token, q head) walks the visible slots with an online softmax. With few
+// CTAs and long contexts (AttentionSplits) the slots are split into chunks processed by
+// separate CTAs (split-KV, "flash decoding"); each writes an unnormalised partial (max, sum,
+// P·V) to the workspace and a second kernel merges them. Inside a CTA, head_dim 8, 16, ..., 256
+// with 16-byte-aligned caches (every model we load) take the vector path: groups of
+// head_dim / 8 threads each own a slot, one 16-byte load of its K and of its V per thread, four
+// slots per group in flight, each group its own running softmax, merged at the end; other head
+// sizes take a tile loop (64 slots scored by warps, then folded into P·V slot by slot).
+// TANDEM_CUDA_ATTENTION_VECTOR=0 sends every head size to the tile loop (for comparisons). On
+// an H200 the vector path made a Qwen3-8B-shaped decode step 2.9x faster (docs/PERF.md, GPU):
+// the tile loop waited on one V row load at a time.
 //
 // Device-side contract the host cannot check (the data are on the device): extends are ordered
 // by token_offset and tile [0, total_tokens) without gaps; block table entries are in
