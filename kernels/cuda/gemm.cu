@@ -5,6 +5,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemv.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -104,6 +105,7 @@ size_t WorkspaceBytes(const GemmParams& /*params*/) { return kCublasWorkspaceByt
 absl::Status Invoke(const GemmParams& params, cudaStream_t stream) {
   if (absl::Status status = params.Check(); !status.ok()) return status;
   if (params.m == 0) return absl::OkStatus();
+  if (internal::GemvApplies(params)) return internal::InvokeGemv(params, stream);
   TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(params.handle, stream));
   TANDEM_CUBLAS_RETURN_IF_ERROR(
       cublasSetWorkspace(params.handle, params.workspace, params.workspace_bytes));

@@ -223,6 +223,19 @@ TEST_F(GemmCudaTest, Bf16OutputMatchesCpu) {
   Run(5, 33, 70, GemmOutput::kBf16, false, true, 3);      // odd sizes, strides, accumulate
 }
 
+// Up to kGemvMaxRows (2) rows with k and the strides multiples of 8 take the small-m kernel
+// (gemv.cuh), more rows cuBLAS: row counts on both sides of the switch, bias, accumulation,
+// strides, a weight row count that leaves the last CTA partial, and a k that leaves a tail
+// after the unrolled rounds.
+TEST_F(GemmCudaTest, SmallRowCountsMatchCpu) {
+  for (int m = 1; m <= 8; ++m) {
+    Run(m, 203, 1032, GemmOutput::kBf16, m % 2 == 0, m % 3 == 0, m % 2 == 0 ? 8 : 0);
+    Run(m, 67, 4096 + 8, GemmOutput::kFloat32, m % 2 == 1, m % 4 == 0, m % 3 == 0 ? 16 : 0);
+  }
+  Run(8, 1000, 8, GemmOutput::kBf16, true, false, 0);  // one vector per row
+  Run(9, 64, 256, GemmOutput::kBf16, false, false, 0);
+}
+
 TEST_F(GemmCudaTest, Fp32OutputMatchesCpu) {
   Run(3, 1000, 256, GemmOutput::kFloat32, false, false, 0);  // logits
   Run(9, 65, 129, GemmOutput::kFloat32, true, true, 8);
