@@ -11,8 +11,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One CTA per token; threads stride over (head, pair) for the q heads then the k heads. Each
-// thread reads and writes only its own pair, so in-place is race free.
+// Grid (token, chunk of kThreads pairs): one thread per (head, pair), the q heads then the k
+// heads, so a decode step's few tokens still spread over several CTAs. Each thread reads and
+// writes only its own pair, so in-place is race free.
 __global__ void RopeKernel(__nv_bfloat16* q, int q_stride, int q_heads, __nv_bfloat16* k,
                            int k_stride, int k_heads, const int32_t* positions,
                            const float* inv_freq, float scaling, int head_dim) {
@@ -20,7 +21,8 @@ __global__ void RopeKernel(__nv_bfloat16* q, int q_stride, int q_heads, __nv_bfl
   const int half = head_dim / 2;
   const float position = static_cast<float>(positions[t]);
   const int pairs = (q_heads + k_heads) * half;
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+  const int p = blockIdx.y * blockDim.x + threadIdx.x;
+  if (p < pairs) {
     const int head = p / half;
     const int i = p % half;
     __nv_bfloat16* v = head < q_heads
@@ -79,7 +81,8 @@ absl::Status Invoke(const RopeParams& params, cudaStream_t stream) {
   const int pairs = (params.q_heads + params.k_heads) * params.head_dim / 2;
   if (params.tokens == 0 || pairs == 0) return absl::OkStatus();
   const int threads = std::min(kThreads, internal::CeilDiv(pairs, 32) * 32);
-  RopeKernel<<<params.tokens, threads, 0, stream>>>(
+  const dim3 grid(params.tokens, internal::CeilDiv(pairs, threads));
+  RopeKernel<<<grid, threads, 0, stream>>>(
       params.q, params.q_stride, params.q_heads, params.k, params.k_stride, params.k_heads,
       params.positions, params.inv_freq, params.attention_scaling, params.head_dim);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());

@@ -42,11 +42,24 @@ __device__ inline int RowArgmax(const float* logits, int vocab, SamplingShared& 
                                 float* max_value) {
   float best_value = -INFINITY;
   int best = INT32_MAX;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float x = logits[i];
-    if (x > best_value) {  // strict: keeps this thread's first of equal values, skips NaN
-      best_value = x;
-      best = i;
+  // Rounds of kArgmaxLoads loads per thread issued before any compare (a 150k vocabulary is
+  // ~300 loads per thread: one at a time, the scan waits on each). Each thread still visits its
+  // indices in increasing order.
+  constexpr int kArgmaxLoads = 8;
+  const int stride = blockDim.x;
+  for (int base = threadIdx.x; base < vocab; base += kArgmaxLoads * stride) {
+    float x[kArgmaxLoads];
+#pragma unroll
+    for (int u = 0; u < kArgmaxLoads; ++u) {
+      const int i = base + u * stride;
+      x[u] = i < vocab ? logits[i] : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kArgmaxLoads; ++u) {
+      if (x[u] > best_value) {  // strict: keeps this thread's first of equal values, skips NaN
+        best_value = x[u];
+        best = base + u * stride;
+      }
     }
   }
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
