@@ -557,8 +557,8 @@ absl::StatusOr<ParsedRequest> ParseRequest(Api api, std::string_view body) {
     try {
       json ignored = json::parse(body);
       (void)ignored;
-    } catch (const json::parse_error& error) {
-      detail = error.what();
+    } catch (const json::exception& error) {  // parse_error, or out_of_range for a number
+      detail = error.what();                  // past double's range
     }
     return BadParam("", absl::StrCat("the request body is not valid JSON: ", detail));
   }

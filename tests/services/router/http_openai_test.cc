@@ -221,6 +221,11 @@ TEST(HttpOpenAiTest, MalformedJsonNamesTheProblem) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("not valid JSON"));
   EXPECT_THAT(std::string(ParseError(Api::kChat, "[1]").message()), HasSubstr("JSON object"));
+  // A number past double's range: nlohmann's out_of_range, not a parse_error (found by
+  // tests/fuzz/openai_request_fuzz; it escaped as an exception, a 500 over HTTP).
+  status = ParseError(Api::kCompletions, R"({"prompt": "x", "max_tokens": 1e999999})");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("number overflow"));
 }
 
 TEST(HttpOpenAiTest, RefusalsNameTheParameter) {
