@@ -20,14 +20,19 @@ using google::protobuf::UnknownField;
 using google::protobuf::UnknownFieldSet;
 
 // Walks the wire form of a `type` message without its schema's string checks and returns the
-// path of the first string field whose bytes are not UTF-8. nullopt when all are valid, or when
-// the bytes do not parse at all (the typed parse reports that).
+// path of the first string field whose bytes are not UTF-8; nullopt when all are valid. Sets
+// `*malformed` when the bytes of the message, or of a message field in it, are not wire format
+// at all: the typed parse would fail on them too, after logging an error for any invalid string
+// it met first.
 std::optional<std::string> FindInvalidUtf8(const std::string& bytes, const Descriptor& type,
-                                           const std::string& prefix, int depth) {
+                                           const std::string& prefix, int depth, bool* malformed) {
   // Deeper than any GenerateRequest nests: leave the rest to the typed parse.
   if (depth > 8) return std::nullopt;
   UnknownFieldSet fields;
-  if (!fields.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return std::nullopt;
+  if (!fields.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    *malformed = true;
+    return std::nullopt;
+  }
   std::map<int, int> seen;  // field number -> occurrences so far (index in a repeated field)
   for (int i = 0; i < fields.field_count(); ++i) {
     const UnknownField& wire = fields.field(i);
@@ -44,8 +49,8 @@ std::optional<std::string> FindInvalidUtf8(const std::string& bytes, const Descr
         return path;
       }
     } else if (field->type() == FieldDescriptor::TYPE_MESSAGE) {
-      auto inner = FindInvalidUtf8(value, *field->message_type(), path + ".", depth + 1);
-      if (inner) return inner;
+      auto inner = FindInvalidUtf8(value, *field->message_type(), path + ".", depth + 1, malformed);
+      if (inner || *malformed) return inner;
     }
   }
   return std::nullopt;
@@ -72,12 +77,13 @@ absl::Status DecodeProto(const grpc::ByteBuffer& buffer, size_t max_bytes, std::
   }
   // Checked before the typed parse, which would fail on the same bytes without saying where
   // (and log an error for every such request).
-  if (auto field = FindInvalidUtf8(bytes, *out->GetDescriptor(), "", 0)) {
+  bool malformed = false;
+  if (auto field = FindInvalidUtf8(bytes, *out->GetDescriptor(), "", 0, &malformed)) {
     return absl::InvalidArgumentError(absl::StrCat(
         *field,
         " is not valid UTF-8; string fields must be UTF-8 (send token_ids for raw tokens)"));
   }
-  if (!out->ParseFromString(bytes)) {
+  if (malformed || !out->ParseFromString(bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the request is not a valid ", out->GetDescriptor()->full_name(), " (malformed protobuf)"));
   }

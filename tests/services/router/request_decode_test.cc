@@ -71,6 +71,23 @@ TEST(RequestDecodeTest, RefusesOversizedAndMalformedRequests) {
             std::string::npos);
 }
 
+// A chat whose first message has an invalid UTF-8 role and whose bytes then break off: refused
+// as malformed without reaching protobuf's typed parse, which would log an error line to the
+// server's stderr for the string first (a line per request; found by tests/fuzz).
+TEST(RequestDecodeTest, MalformedMessageFieldIsRefusedWithoutProtobufLogging) {
+  const std::string message = LengthDelimited(1, "\xc3") +
+                              "\x12\x05"
+                              "ab";  // content cut short
+  const std::string chat = LengthDelimited(1, message);
+  testing::internal::CaptureStderr();
+  auto decoded = DecodeGenerateRequest(Buffer(LengthDelimited(3, chat)));
+  const std::string logged = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(decoded.status().message().find("malformed protobuf"), std::string::npos)
+      << decoded.status();
+  EXPECT_EQ(logged, "");
+}
+
 TEST(RequestDecodeTest, ConvertsEveryInputKind) {
   v1::GenerateRequest request;
   EXPECT_EQ(ToRouterRequest(request).input, router::RouterRequest::Input::kNone);
