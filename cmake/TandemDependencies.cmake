@@ -8,15 +8,20 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # utf8proc gives the tokenizer's NFC normaliser.
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 
-if(TANDEM_FUZZERS)
-  return()
-endif()
-
 find_package(Protobuf CONFIG QUIET)
 if(NOT Protobuf_FOUND)
   find_package(Protobuf REQUIRED)
 endif()
 find_package(gRPC CONFIG REQUIRED)
+find_program(TANDEM_PROTOC protoc REQUIRED)
+find_program(TANDEM_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+
+# The fuzz build fuzzes the parsers, the request decoders included: protobuf and gRPC, nothing
+# more.
+if(TANDEM_FUZZERS)
+  return()
+endif()
+
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 # Debian ships cpp-httplib as a compiled library with a pkg-config file and no CMake config.
@@ -26,5 +31,3 @@ find_package(OpenMP REQUIRED)
 # Debian's hiredis CMake config points at missing files: use pkg-config instead.
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
-find_program(TANDEM_PROTOC protoc REQUIRED)
-find_program(TANDEM_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
