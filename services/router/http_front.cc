@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <deque>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "httplib.h"
 #include "services/router/http_openai.h"
 
@@ -22,6 +25,59 @@ constexpr char kJson[] = "application/json";
 // limit on the decoded request (request_decode.h) is smaller; JSON escaping can double a prompt.
 constexpr size_t kMaxBodyBytes = 32 << 20;
 constexpr auto kListModelsTimeout = std::chrono::seconds(10);
+
+// cpp-httplib's task queue with a thread per connection (http_front.h, "Connections"): a
+// connection waits only when `max_threads` are busy. Threads start when a connection finds no
+// idle one and stay, idle, for later connections; shutdown() lets the queued connections run,
+// then joins every thread.
+class ConnectionThreads : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(size_t max_threads) : max_threads_(std::max<size_t>(1, max_threads)) {}
+  ~ConnectionThreads() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    absl::MutexLock lock(&mu_);
+    jobs_.push_back(std::move(fn));
+    // Each idle thread takes one job; start a thread for a job no idle one will take.
+    if (jobs_.size() > idle_ && threads_.size() < max_threads_) {
+      threads_.emplace_back([this] { Work(); });
+    }
+  }
+
+  void shutdown() override {
+    std::vector<std::thread> threads;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      threads.swap(threads_);
+    }
+    for (std::thread& thread : threads) thread.join();
+  }
+
+ private:
+  void Work() {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      ++idle_;
+      mu_.Await(absl::Condition(
+          +[](ConnectionThreads* self) { return !self->jobs_.empty() || self->stopping_; }, this));
+      --idle_;
+      if (jobs_.empty()) return;  // stopping, and every queued connection served
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      mu_.Unlock();
+      job();
+      mu_.Lock();
+    }
+  }
+
+  const size_t max_threads_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 void SendError(httplib::Response& res, int http_status, const std::string& message,
                const std::string& param = "", const std::string& code = "") {
@@ -340,8 +396,8 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   if (!host_port.ok()) return host_port.status();
   std::unique_ptr<HttpFront> front(new HttpFront(std::move(options), std::move(channel)));
   httplib::Server& server = *front->server_;
-  const int threads = std::max(1, front->options_.threads);
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const size_t max_connections = static_cast<size_t>(std::max(1, front->options_.max_connections));
+  server.new_task_queue = [max_connections] { return new ConnectionThreads(max_connections); };
   server.set_payload_max_length(kMaxBodyBytes);
 
   // The handlers share the front's options and stub, which outlive the server's threads.

@@ -12,8 +12,14 @@
 // the next chunk; a non-streaming one is noticed only when its response is written (cpp-httplib
 // 0.11 exposes no connection state to handlers), so its generation runs to max_tokens.
 //
-// Thread-safety: handlers run on cpp-httplib's own thread pool (never gRPC's) and block on the
-// in-process call. Start/Stop/address from one thread (main).
+// Connections: each is served on a thread of its own while it lasts (threads are started as
+// connections arrive and kept for the next ones), up to `max_connections` at once; more wait for
+// one to end. A fixed pool the size of the admission bound let a few hundred clients that send
+// their request a byte a second hold every thread, so that /health and every new request waited
+// until they timed out; now such clients cost a thread each and the rest are served.
+//
+// Thread-safety: handlers run on those threads (never gRPC's) and block on the in-process call.
+// Start/Stop/address from one thread (main).
 #pragma once
 
 #include <functional>
@@ -38,8 +44,9 @@ struct HttpFrontOptions {
   ApiKeys api_keys;
   // /ready answers 200 while this is true (a verifier is up), else 503.
   std::function<bool()> ready;
-  // Connections served at once; more wait for a thread. Streams hold one each for their length.
-  int threads = 64;
+  // Connections served at once, a thread each; more wait for one to end. Streams and slow
+  // clients hold one for their length.
+  int max_connections = 1024;
 };
 
 class HttpFront {

@@ -114,6 +114,12 @@ int main(int argc, char** argv) {
   app.add_option("--http-listen", http_listen,
                  "OpenAI-compatible HTTP API on host:port (port 0: chosen by the OS; empty: off)")
       ->envname("TANDEM_ROUTER_HTTP_LISTEN");
+  int http_max_connections = 1024;
+  app.add_option("--http-max-connections", http_max_connections,
+                 "HTTP connections served at once, a thread each (streams and slow clients hold "
+                 "one for their length); more wait for one to end")
+      ->envname("TANDEM_ROUTER_HTTP_MAX_CONNECTIONS")
+      ->check(CLI::Range(1, 65536));
   app.add_option("--api-key", api_keys,
                  "Require 'Bearer KEY' from clients, HTTP and gRPC (repeatable; /health and "
                  "/ready stay open)")
@@ -218,9 +224,7 @@ int main(int argc, char** argv) {
               }
               return false;
             },
-        // Enough threads for every admitted stream: the admission bound, not the HTTP thread
-        // pool, decides when clients are turned away.
-        .threads = options.max_in_flight + 8,
+        .max_connections = http_max_connections,
     };
     // HTTP requests take the gRPC clients' path: the same service, in process.
     auto front = tandem::HttpFront::Start(

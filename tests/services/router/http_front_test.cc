@@ -2,6 +2,11 @@
 // see for streams, whole responses, errors, API keys and clients that go away.
 #include "services/router/http_front.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -103,7 +108,7 @@ class HttpFrontTest : public ::testing::Test {
     auto front = HttpFront::Start({.listen = "127.0.0.1:0",
                                    .api_keys = ApiKeys(keys),
                                    .ready = [this] { return ready_.load(); },
-                                   .threads = 8},
+                                   .max_connections = 64},
                                   server_->InProcessChannel(grpc::ChannelArguments()));
     ASSERT_TRUE(front.ok()) << front.status();
     front_ = std::move(*front);
@@ -357,6 +362,43 @@ TEST_F(HttpFrontTest, ClientThatGoesAwayCancelsTheUpstreamCall) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(service_.slow_cancelled_);
+}
+
+// Slow clients (issue: a few hundred connections sending their request a byte a second held
+// every thread of a fixed pool, and /health waited for them to time out): 32 connections that
+// sent half a request header and then nothing, four times the old pool of 8, leave /health and
+// a completion served at once.
+TEST_F(HttpFrontTest, HalfSentRequestsDoNotBlockOtherClients) {
+  Start();
+  const std::string& address = front_->address();
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
+  std::vector<int> sockets;
+  for (int i = 0; i < 32; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+    const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
+    ASSERT_EQ(send(fd, half.data(), half.size(), 0), static_cast<ssize_t>(half.size()));
+    sockets.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all of them accepted
+  httplib::Client quick("127.0.0.1", port);
+  quick.set_connection_timeout(2, 0);
+  quick.set_read_timeout(2, 0);  // under cpp-httplib's 5 s server read timeout
+  const auto start = std::chrono::steady_clock::now();
+  auto health = quick.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  auto completion = quick.Post("/v1/completions", R"({"prompt": "hi"})", "application/json");
+  ASSERT_TRUE(completion) << httplib::to_string(completion.error());
+  EXPECT_EQ(completion->status, 200) << completion->body;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  for (int fd : sockets) close(fd);
 }
 
 TEST(SplitHostPortTest, Forms) {
