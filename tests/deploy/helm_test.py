@@ -187,7 +187,16 @@ def check_specific(docs, name, failures):
                                f"{name}: {doc['metadata']['name']} lacks {flag}")
         failures.check(any(a.startswith("--tls-client-ca=") for a in args_of(drafter)),
                        f"{name}: drafter does not require client certificates")
-        failures.check(find(docs, "StatefulSet", "-redis") is not None, f"{name}: no Redis")
+        redis = find(docs, "StatefulSet", "-redis")
+        failures.check(redis is not None, f"{name}: no Redis")
+        auth = find(docs, "Secret", "-redis-auth")
+        failures.check(auth is not None and len(base64.b64decode(auth["data"]["password"])) >= 32,
+                       f"{name}: no Redis password Secret")
+        failures.check(redis is not None and "--requirepass" in args_of(redis),
+                       f"{name}: the in-chart Redis does not require a password")
+        for doc in (router, verifier, drafter):
+            failures.check("--redis-password-file=/etc/tandem/redis-auth/password" in
+                           args_of(doc), f"{name}: {doc['metadata']['name']} does not AUTH")
         env = {e["name"]: e for e in container(router).get("env", [])}
         failures.check(env.get("TANDEM_ROUTER_API_KEYS", {}).get("valueFrom", {}).get(
             "secretKeyRef") == {"name": "tandem-api-keys", "key": "api-keys"},
@@ -205,6 +214,9 @@ def check_specific(docs, name, failures):
         failures.check(router["spec"]["replicas"] == 3 and "HorizontalPodAutoscaler" not in kinds,
                        f"{name}: autoscaling off should give 3 fixed replicas")
         failures.check(drafter is None, f"{name}: drafter rendered although disabled")
+        failures.check(not any(a.startswith("--redis-password-file") for a in args_of(router))
+                       and find(docs, "Secret", "-redis-auth") is None,
+                       f"{name}: AUTH to an external Redis without its Secret")
     elif name == "defaults":
         hpa = find(docs, "HorizontalPodAutoscaler", "-router")
         failures.check(hpa and hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] ==

@@ -78,12 +78,51 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{/* Whether the services authenticate to Redis (values.yaml, redis.auth). */}}
+{{- define "tandem.redisAuth" -}}
+{{- $a := .Values.redis.auth -}}
+{{- if or (and (eq .Values.redis.mode "internal") $a.enabled) (and (eq .Values.redis.mode "external") $a.existingSecret) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- define "tandem.redisAuthSecretName" -}}
+{{- .Values.redis.auth.existingSecret | default (printf "%s-redis-auth" (include "tandem.fullname" .)) -}}
+{{- end -}}
+
+{{/* Redis AUTH flags (every service that talks to Redis). */}}
+{{- define "tandem.redisAuthArgs" -}}
+{{- if include "tandem.redisAuth" . }}
+- --redis-password-file=/etc/tandem/redis-auth/{{ .Values.redis.auth.secretKey }}
+{{- with .Values.redis.auth.user }}
+- --redis-user={{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.redisAuthVolume" -}}
+{{- if include "tandem.redisAuth" . }}
+- name: redis-auth
+  secret:
+    secretName: {{ include "tandem.redisAuthSecretName" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.redisAuthMount" -}}
+{{- if include "tandem.redisAuth" . }}
+- name: redis-auth
+  mountPath: /etc/tandem/redis-auth
+  readOnly: true
+{{- end }}
+{{- end -}}
+
 {{/* Registry flags of a worker: include with (dict "root" $ "port" N). */}}
 {{- define "tandem.registryArgs" -}}
 {{- $redis := include "tandem.redisAddress" .root -}}
 {{- if $redis }}
 - --redis={{ $redis }}
 - --advertise=$(POD_IP):{{ .port }}
+{{- include "tandem.redisAuthArgs" .root }}
 {{- end }}
 {{- end -}}
 
