@@ -51,16 +51,6 @@ BenchClock::time_point After(BenchClock::time_point from, double seconds) {
          std::chrono::duration_cast<BenchClock::duration>(std::chrono::duration<double>(seconds));
 }
 
-v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mode,
-                                int max_tokens) {
-  v1::GenerateRequest request;
-  request.set_prompt(prompt);
-  request.set_mode(mode);
-  request.set_max_tokens(max_tokens);
-  request.mutable_sampling()->set_temperature(0);  // greedy
-  return request;
-}
-
 TimedStream Generate(v1::Generation::Stub& stub, const std::string& prompt, const std::string& mode,
                      int max_tokens, BenchClock::time_point start) {
   grpc::ClientContext context;
@@ -105,33 +95,6 @@ absl::Status CheckArgs(const BenchServeArgs& args) {
         absl::StrCat("--max-tokens must be >= 1, got ", args.max_tokens));
   }
   return absl::OkStatus();
-}
-
-// Waits until the router knows a model. It answers ListModels from the verifiers it has heard
-// from, so the list is empty until its first poll of a verifier succeeded; a verifier calibrates
-// its cost model before it listens, so from then on the router's mode policy has that cost model
-// too. A router that does not answer at all is an error at once.
-absl::StatusOr<v1::ListModelsResponse> WaitForModels(v1::Generation::Stub& stub,
-                                                     const std::string& address,
-                                                     absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  for (;;) {
-    v1::ListModelsResponse models;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    const grpc::Status status = stub.ListModels(&context, {}, &models);
-    if (!status.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("ListModels at ", address, ": ", DescribeStatus(status)));
-    }
-    if (models.models_size() > 0) return models;
-    if (absl::Now() >= give_up) {
-      return absl::UnavailableError(absl::StrCat(address, " serves no model after ",
-                                                 absl::FormatDuration(timeout),
-                                                 " (no verifier has answered it)"));
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
 }
 
 struct WarmupCount {

@@ -8,6 +8,39 @@
 
 namespace tandem::cli {
 
+v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mode,
+                                int max_tokens) {
+  v1::GenerateRequest request;
+  request.set_prompt(prompt);
+  request.set_mode(mode);
+  request.set_max_tokens(max_tokens);
+  request.mutable_sampling()->set_temperature(0);  // greedy
+  return request;
+}
+
+absl::StatusOr<v1::ListModelsResponse> WaitForModels(v1::Generation::Stub& stub,
+                                                     const std::string& address,
+                                                     absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  for (;;) {
+    v1::ListModelsResponse models;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status status = stub.ListModels(&context, {}, &models);
+    if (!status.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("ListModels at ", address, ": ", DescribeStatus(status)));
+    }
+    if (models.models_size() > 0) return models;
+    if (absl::Now() >= give_up) {
+      return absl::UnavailableError(absl::StrCat(address, " serves no model after ",
+                                                 absl::FormatDuration(timeout),
+                                                 " (no verifier has answered it)"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
 std::vector<double> TimedStream::InterTokenLatencies() const {
   std::vector<double> latencies;
   if (chunks.empty()) return latencies;

@@ -7,8 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/sync_stream.h"
+#include "tandem/v1/generate.grpc.pb.h"
 #include "tandem/v1/generate.pb.h"
 
 namespace tandem::cli {
@@ -44,6 +47,17 @@ struct TimedStream {
 // Reads a started call to the end and times it from `start` (taken just before the call).
 TimedStream ReadTimed(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
                       BenchClock::time_point start);
+
+// A greedy request for `max_tokens` new tokens of `prompt` in `mode`.
+v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mode, int max_tokens);
+
+// Waits until the router at `address` knows a model. It answers ListModels from the verifiers
+// it has heard from, so the list is empty until its first poll of a verifier succeeded; a
+// verifier calibrates its cost model before it listens, so from then on the router's mode
+// policy has that cost model too. A router that does not answer at all is an error at once.
+absl::StatusOr<v1::ListModelsResponse> WaitForModels(v1::Generation::Stub& stub,
+                                                     const std::string& address,
+                                                     absl::Duration timeout);
 
 // The q-quantile (0..1) of `values` by the nearest-rank rule; 0 when empty.
 double Quantile(std::vector<double> values, double q);
