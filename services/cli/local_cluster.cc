@@ -80,18 +80,46 @@ absl::StatusOr<std::string> LocalCluster::StartService(std::string name,
   // The drafter and the verifiers share this machine's cores.
   std::vector<std::string> env;
   if (name == "drafter" || name == "verifier") env = SharedCoresEnv();
+  argv_.push_back(argv);
   auto child = ChildProcess::Start({.name = std::move(name),
                                     .argv = std::move(argv),
                                     .forward_output = options_.forward_output,
                                     .default_env = std::move(env)});
   if (!child.ok()) {
+    argv_.pop_back();
     Stop();
     return child.status();
   }
   children_.push_back(std::move(*child));
   absl::StatusOr<std::string> address = children_.back()->WaitForAddress(options_.start_timeout);
+  addresses_.push_back(address.ok() ? *address : "");
   if (!address.ok()) Stop();
   return address;
+}
+
+absl::Status LocalCluster::Restart(size_t index) {
+  if (index >= children_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no service ", index, " in the cluster"));
+  }
+  ChildProcess& old = *children_[index];
+  if (!old.PollExit()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", old.name(), " still runs; stop it before restarting it"));
+  }
+  std::vector<std::string> argv = argv_[index];
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--listen") argv[i + 1] = addresses_[index];
+  }
+  std::vector<std::string> env;
+  if (old.name() == "drafter" || old.name() == "verifier") env = SharedCoresEnv();
+  auto child = ChildProcess::Start({.name = old.name(),
+                                    .argv = std::move(argv),
+                                    .forward_output = options_.forward_output,
+                                    .default_env = std::move(env)});
+  if (!child.ok()) return child.status();
+  children_[index] = std::move(*child);
+  absl::StatusOr<std::string> address = children_[index]->WaitForAddress(options_.start_timeout);
+  return address.status();
 }
 
 LocalCluster::~LocalCluster() { Stop(); }

@@ -65,6 +65,11 @@ class LocalCluster {
   // Services that already exited are skipped (their exit is the caller's to report).
   bool Stop();
 
+  // Starts children()[index] again on the address it had, with the same command line, after
+  // it exited (a fault injected by the caller: SIGKILL, say); replaces it in children(). Returns
+  // once the new process listens. FailedPrecondition while the old one still runs.
+  absl::Status Restart(size_t index);
+
  private:
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
   absl::StatusOr<std::string> StartService(std::string name, std::vector<std::string> argv);
@@ -76,6 +81,8 @@ class LocalCluster {
   std::vector<std::string> verifier_addresses_;
   std::string router_address_;
   std::vector<std::unique_ptr<ChildProcess>> children_;
+  std::vector<std::vector<std::string>> argv_;  // each child's command line
+  std::vector<std::string> addresses_;          // each child's announced address
 };
 
 }  // namespace tandem::cli
