@@ -1,6 +1,7 @@
 #include <memory>
 
 #include "absl/strings/str_join.h"
+#include "services/cli/bench_chaos.h"
 #include "services/cli/bench_cluster.h"
 #include "services/cli/bench_engine.h"
 #include "services/cli/bench_modes.h"
@@ -207,6 +208,43 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   serve_cmd->add_flag("--json", serve->json, "Print JSON instead of a table");
   serve_cmd->callback([serve, exit_code] { *exit_code = RunBenchServe(*serve); });
+
+  auto chaos = std::make_shared<BenchChaosArgs>();
+  CLI::App* chaos_cmd = bench->add_subcommand(
+      "chaos",
+      "Faults under load: each scenario starts a local cluster, learns its prompts' greedy "
+      "outputs, runs closed-loop greedy clients through the router and injects a fault "
+      "(SIGKILL or SIGTERM a verifier of two, SIGKILL the only verifier and restart it after "
+      "each outage, SIGKILL the drafter under spec); prints sent, failed, wrong, median "
+      "latency before, in the second after and after the fault, and the recovery time, each "
+      "against its goal");
+  chaos_cmd
+      ->add_option("--scenarios", chaos->scenarios,
+                   "Comma-separated: verifier-kill, verifier-drain, verifier-restart, "
+                   "drafter-kill")
+      ->delimiter(',')
+      ->capture_default_str();
+  chaos_cmd
+      ->add_option("--outages", chaos->outages,
+                   "verifier-restart: comma-separated seconds the verifier stays down, a run each")
+      ->delimiter(',')
+      ->capture_default_str();
+  chaos_cmd->add_option("--clients", chaos->clients, "Closed-loop clients")->capture_default_str();
+  chaos_cmd->add_option("--max-tokens", chaos->max_tokens, "New tokens per request")
+      ->capture_default_str();
+  chaos_cmd->add_option("--before", chaos->before_seconds, "Seconds of load before the fault")
+      ->capture_default_str();
+  chaos_cmd
+      ->add_option("--after", chaos->after_seconds,
+                   "Seconds of load after the fault (verifier-restart: after the restart)")
+      ->capture_default_str();
+  chaos_cmd->add_option("--model", chaos->model_dir,
+                        "Target model (default: $TANDEM_MODEL_DIR, else the bundled target)");
+  chaos_cmd->add_option("--drafter", chaos->drafter_dir, "Drafter model (default: as `tandem up`)");
+  chaos_cmd->add_option("--threads", chaos->threads,
+                        "CPU threads of the verifiers and the drafter; 0 = their default");
+  chaos_cmd->add_flag("--json", chaos->json, "Print JSON instead of a table");
+  chaos_cmd->callback([chaos, exit_code] { *exit_code = RunBenchChaos(*chaos); });
 
   auto router = std::make_shared<BenchRouterArgs>();
   CLI::App* router_cmd = bench->add_subcommand(

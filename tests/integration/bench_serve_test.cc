@@ -1,6 +1,7 @@
-// `tandem bench serve` and `tandem bench router` end to end at tiny settings: bench serve starts
-// its own local cluster (the launcher `tandem up` uses), bench router measures a cluster started
-// here through --server/--verifier. Checks the JSON both print and the file bench serve writes.
+// `tandem bench serve`, `router`, `chaos` and `prefix` end to end at tiny settings: bench serve,
+// chaos and prefix start their own local clusters (the launcher `tandem up` uses), bench router
+// measures a cluster started here through --server/--verifier. Checks the JSON they print and
+// the file bench serve writes.
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -366,6 +367,40 @@ TEST(BenchRouter, NeedsTheVerifierWithServer) {
   const CommandRun run = RunTandem("bench router --server 127.0.0.1:1");
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_THAT(run.err, ::testing::HasSubstr("--server needs --verifier"));
+}
+
+// `tandem bench chaos` at tiny settings, the suite's short version of the fault table
+// (docs/RELIABILITY.md): a verifier of two killed under load fails nothing and changes no
+// output; the only verifier, killed and started again after a second, is served again and
+// fails nothing after that; a killed drafter fails nothing (its latency goal is timing, left to
+// the full run).
+TEST(BenchChaos, FaultsFailNothingTheyShouldNot) {
+  const CommandRun run = RunTandem(
+      "bench chaos --scenarios verifier-kill,verifier-restart,drafter-kill --outages 1 "
+      "--before 1 --after 2 --clients 4 --max-tokens 8 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json out = json::parse(run.out);
+  ASSERT_EQ(out["scenarios"].size(), 3u) << run.out;
+  std::map<std::string, json> by_name;
+  for (const json& s : out["scenarios"]) by_name[s["scenario"].get<std::string>()] = s;
+  for (const char* name : {"verifier-kill", "verifier-restart-1", "drafter-kill"}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(by_name.count(name)) << run.out;
+    const json& s = by_name[name];
+    EXPECT_GT(s["sent"].get<int>(), 0);
+    EXPECT_EQ(s["wrong"].get<int>(), 0) << s.dump();
+  }
+  EXPECT_EQ(by_name["verifier-kill"]["failed"].get<int>(), 0) << by_name["verifier-kill"].dump();
+  EXPECT_EQ(by_name["drafter-kill"]["failed"].get<int>(), 0) << by_name["drafter-kill"].dump();
+  const json& restart = by_name["verifier-restart-1"];
+  ASSERT_FALSE(restart["recovery_seconds"].is_null()) << restart.dump();
+  EXPECT_EQ(restart["failed_after_recovery"].get<int>(), 0) << restart.dump();
+}
+
+TEST(BenchChaos, RefusesUnknownScenarios) {
+  const CommandRun run = RunTandem("bench chaos --scenarios router-kill");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.err, ::testing::HasSubstr("unknown scenario 'router-kill'"));
 }
 
 // `tandem bench prefix` starts its clusters (cache off, on, on with affinity) and reports them

@@ -1,0 +1,432 @@
+#include "services/cli/bench_chaos.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
+#include "services/cli/bench_prompts.h"
+#include "services/cli/bench_stream.h"
+#include "services/cli/local_cluster.h"
+
+namespace tandem::cli {
+namespace {
+
+constexpr char kWho[] = "tandem bench chaos";
+constexpr absl::Duration kReadyTimeout = absl::Seconds(60);
+constexpr int kPrompts = 8;  // prompts cycled through (their greedy outputs are learnt first)
+// A client whose request failed waits this long before its next one (a router with no verifier
+// answers at once).
+constexpr auto kRetryPause = std::chrono::milliseconds(100);
+// Latency windows: "just after" the fault is [fault, fault + kSettleSeconds).
+constexpr double kSettleSeconds = 1.0;
+constexpr double kRestartGoalSeconds = 2.0;
+constexpr double kDrafterLatencyGoal = 1.25;  // x ar's median
+
+double Since(BenchClock::time_point t0) {
+  return std::chrono::duration<double>(BenchClock::now() - t0).count();
+}
+
+// What one request saw, times in seconds from the scenario's start.
+struct Outcome {
+  double start = 0, end = 0;
+  bool ok = false;
+  bool wrong = false;
+  std::string error;
+};
+
+// Closed-loop clients through the router: client c sends prompt (c + k) % P in mode
+// modes[(c + k) % M] on its k-th request, greedy, until stopped.
+class Load {
+ public:
+  Load(v1::Generation::Stub* stub, const std::vector<std::string>* prompts,
+       const std::vector<std::vector<int32_t>>* expected, std::vector<std::string> modes,
+       int clients, int max_tokens, BenchClock::time_point t0)
+      : stub_(stub),
+        prompts_(prompts),
+        expected_(expected),
+        modes_(std::move(modes)),
+        max_tokens_(max_tokens),
+        t0_(t0) {
+    for (int c = 0; c < clients; ++c) threads_.emplace_back([this, c] { Client(c); });
+  }
+  ~Load() { Stop(); }
+
+  // Waits for the requests in flight to end and returns every outcome.
+  std::vector<Outcome> Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+    absl::MutexLock lock(&mu_);
+    return outcomes_;
+  }
+
+ private:
+  void Client(int c) {
+    for (int k = 0; !stop_; ++k) {
+      const size_t i = static_cast<size_t>(c + k) % prompts_->size();
+      const std::string& mode = modes_[static_cast<size_t>(c + k) % modes_.size()];
+      Outcome o;
+      o.start = Since(t0_);
+      const BenchClock::time_point start = BenchClock::now();
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+      auto reader = stub_->Generate(&context, MakeRequest((*prompts_)[i], mode, max_tokens_));
+      const TimedStream stream = ReadTimed(*reader, start);
+      o.end = Since(t0_);
+      o.ok = stream.ok();
+      o.wrong = o.ok && stream.tokens != (*expected_)[i];
+      if (!o.ok) o.error = DescribeStatus(stream.status);
+      {
+        absl::MutexLock lock(&mu_);
+        outcomes_.push_back(std::move(o));
+      }
+      if (!stream.ok()) std::this_thread::sleep_for(kRetryPause);
+    }
+  }
+
+  v1::Generation::Stub* stub_;
+  const std::vector<std::string>* prompts_;
+  const std::vector<std::vector<int32_t>>* expected_;
+  const std::vector<std::string> modes_;
+  const int max_tokens_;
+  const BenchClock::time_point t0_;
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  std::vector<Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+};
+
+// Median end-to-end latency of the OK requests that started in [from, to); 0 when none.
+double MedianLatency(const std::vector<Outcome>& outcomes, double from, double to) {
+  std::vector<double> latencies;
+  for (const Outcome& o : outcomes) {
+    if (o.ok && o.start >= from && o.start < to) latencies.push_back(o.end - o.start);
+  }
+  return Quantile(std::move(latencies), 0.5);
+}
+
+struct ScenarioResult {
+  std::string name;
+  std::string fault;  // what was done, in words
+  int sent = 0, failed = 0, wrong = 0;
+  int failed_after_recovery = 0;  // verifier-restart: failures that started after the restart
+  std::string first_error;
+  double latency_before = 0, latency_settling = 0, latency_after = 0;  // medians, seconds
+  double ar_latency = 0;         // drafter-kill: ar's median on the same cluster
+  double recovery_seconds = -1;  // verifier-restart: listening -> first request served
+  bool goal_met = false;
+  std::string goal;
+};
+
+// A started local cluster with its router stub, the prompts and their greedy outputs.
+struct Bench {
+  std::unique_ptr<LocalCluster> cluster;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Generation::Stub> stub;
+  std::vector<std::string> prompts;
+  std::vector<std::vector<int32_t>> expected;
+};
+
+absl::StatusOr<Bench> StartBench(const BenchChaosArgs& args, int verifiers,
+                                 const std::vector<std::string>& prompts) {
+  Bench bench;
+  auto cluster = LocalCluster::Start({.who = kWho,
+                                      .model_dir = args.model_dir,
+                                      .drafter_model_dir = args.drafter_dir,
+                                      .metrics = false,
+                                      .threads = args.threads,
+                                      .verifiers = verifiers,
+                                      .forward_output = false});
+  if (!cluster.ok()) return cluster.status();
+  bench.cluster = std::move(*cluster);
+  bench.channel =
+      grpc::CreateChannel(bench.cluster->router_address(), grpc::InsecureChannelCredentials());
+  bench.stub = v1::Generation::NewStub(bench.channel);
+  absl::StatusOr<v1::ListModelsResponse> models =
+      WaitForModels(*bench.stub, bench.cluster->router_address(), kReadyTimeout);
+  if (!models.ok()) return models.status();
+  bench.prompts = prompts;
+  for (const std::string& prompt : prompts) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = bench.stub->Generate(&context, MakeRequest(prompt, "ar", args.max_tokens));
+    const TimedStream stream = ReadTimed(*reader, BenchClock::now());
+    if (!stream.ok()) {
+      return absl::UnavailableError(absl::StrCat("the greedy output of a prompt before any fault: ",
+                                                 DescribeStatus(stream.status)));
+    }
+    bench.expected.push_back(stream.tokens);
+  }
+  return bench;
+}
+
+void Count(const std::vector<Outcome>& outcomes, ScenarioResult& r) {
+  for (const Outcome& o : outcomes) {
+    ++r.sent;
+    if (!o.ok) {
+      ++r.failed;
+      if (r.first_error.empty()) r.first_error = o.error;
+    }
+    if (o.wrong) ++r.wrong;
+  }
+}
+
+void SleepSeconds(double seconds) { absl::SleepFor(absl::Seconds(seconds)); }
+
+// The index of the verifier `n` (0-based) among the cluster's children: drafter, verifiers,
+// router.
+size_t VerifierChild(int n) { return static_cast<size_t>(1 + n); }
+constexpr size_t kDrafterChild = 0;
+
+absl::StatusOr<ScenarioResult> VerifierFault(const BenchChaosArgs& args,
+                                             const std::vector<std::string>& prompts, int signo) {
+  ScenarioResult r;
+  r.name = signo == SIGKILL ? "verifier-kill" : "verifier-drain";
+  r.fault = signo == SIGKILL ? "SIGKILL one of two verifiers" : "SIGTERM one of two verifiers";
+  absl::StatusOr<Bench> bench = StartBench(args, 2, prompts);
+  if (!bench.ok()) return bench.status();
+  const BenchClock::time_point t0 = BenchClock::now();
+  Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"ar", "spec", "auto"},
+            args.clients, args.max_tokens, t0);
+  SleepSeconds(args.before_seconds);
+  const double fault = Since(t0);
+  bench->cluster->children()[VerifierChild(1)]->Signal(signo);
+  SleepSeconds(args.after_seconds);
+  const std::vector<Outcome> outcomes = load.Stop();
+  Count(outcomes, r);
+  r.latency_before = MedianLatency(outcomes, 0, fault);
+  r.latency_settling = MedianLatency(outcomes, fault, fault + kSettleSeconds);
+  r.latency_after = MedianLatency(outcomes, fault + kSettleSeconds, 1e9);
+  r.goal = "0 failed, 0 wrong";
+  r.goal_met = r.failed == 0 && r.wrong == 0;
+  return r;
+}
+
+absl::StatusOr<ScenarioResult> VerifierRestart(const BenchChaosArgs& args,
+                                               const std::vector<std::string>& prompts,
+                                               int outage) {
+  ScenarioResult r;
+  r.name = absl::StrCat("verifier-restart-", outage);
+  r.fault = absl::StrCat("SIGKILL the only verifier, start it again after ", outage, " s");
+  absl::StatusOr<Bench> bench = StartBench(args, 1, prompts);
+  if (!bench.ok()) return bench.status();
+  const BenchClock::time_point t0 = BenchClock::now();
+  Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"ar", "spec", "auto"},
+            args.clients, args.max_tokens, t0);
+  SleepSeconds(args.before_seconds);
+  const double fault = Since(t0);
+  ChildProcess& verifier = *bench->cluster->children()[VerifierChild(0)];
+  verifier.Signal(SIGKILL);
+  verifier.WaitForExit(absl::Seconds(10));
+  SleepSeconds(std::max(0.0, outage - (Since(t0) - fault)));
+  if (absl::Status restarted = bench->cluster->Restart(VerifierChild(0)); !restarted.ok()) {
+    return restarted;
+  }
+  const double listening = Since(t0);
+  SleepSeconds(args.after_seconds);
+  const std::vector<Outcome> outcomes = load.Stop();
+  Count(outcomes, r);
+  for (const Outcome& o : outcomes) {
+    if (o.ok && o.start >= listening &&
+        (r.recovery_seconds < 0 || o.start - listening < r.recovery_seconds)) {
+      r.recovery_seconds = o.start - listening;
+    }
+  }
+  if (r.recovery_seconds >= 0) {
+    for (const Outcome& o : outcomes) {
+      if (!o.ok && o.start >= listening + r.recovery_seconds) ++r.failed_after_recovery;
+    }
+  }
+  r.latency_before = MedianLatency(outcomes, 0, fault);
+  r.latency_settling = MedianLatency(outcomes, listening, listening + kSettleSeconds);
+  r.latency_after = MedianLatency(outcomes, listening + kSettleSeconds, 1e9);
+  r.goal = absl::StrCat("served again within ", kRestartGoalSeconds,
+                        " s of listening, then 0 failed; 0 wrong");
+  r.goal_met = r.recovery_seconds >= 0 && r.recovery_seconds <= kRestartGoalSeconds &&
+               r.failed_after_recovery == 0 && r.wrong == 0;
+  return r;
+}
+
+absl::StatusOr<ScenarioResult> DrafterKill(const BenchChaosArgs& args,
+                                           const std::vector<std::string>& prompts) {
+  ScenarioResult r;
+  r.name = "drafter-kill";
+  r.fault = "SIGKILL the drafter under spec requests";
+  absl::StatusOr<Bench> bench = StartBench(args, 1, prompts);
+  if (!bench.ok()) return bench.status();
+  {
+    const BenchClock::time_point t0 = BenchClock::now();
+    Load ar(bench->stub.get(), &bench->prompts, &bench->expected, {"ar"}, args.clients,
+            args.max_tokens, t0);
+    SleepSeconds(args.before_seconds);
+    const std::vector<Outcome> outcomes = ar.Stop();
+    r.ar_latency = MedianLatency(outcomes, 0, 1e9);
+  }
+  const BenchClock::time_point t0 = BenchClock::now();
+  Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"spec"}, args.clients,
+            args.max_tokens, t0);
+  SleepSeconds(args.before_seconds);
+  const double fault = Since(t0);
+  bench->cluster->children()[kDrafterChild]->Signal(SIGKILL);
+  SleepSeconds(args.after_seconds);
+  const std::vector<Outcome> outcomes = load.Stop();
+  Count(outcomes, r);
+  r.latency_before = MedianLatency(outcomes, 0, fault);
+  r.latency_settling = MedianLatency(outcomes, fault, fault + kSettleSeconds);
+  r.latency_after = MedianLatency(outcomes, fault + kSettleSeconds, 1e9);
+  r.goal = absl::StrCat("0 failed, 0 wrong; from ", kSettleSeconds, " s after the kill, median ",
+                        "latency <= ", kDrafterLatencyGoal, " x ar's");
+  r.goal_met = r.failed == 0 && r.wrong == 0 && r.latency_after > 0 &&
+               r.latency_after <= kDrafterLatencyGoal * r.ar_latency;
+  return r;
+}
+
+nlohmann::json ResultJson(const ScenarioResult& r) {
+  nlohmann::json j = {{"scenario", r.name},
+                      {"fault", r.fault},
+                      {"sent", r.sent},
+                      {"failed", r.failed},
+                      {"wrong", r.wrong},
+                      {"first_error", r.first_error},
+                      {"latency_before_seconds", r.latency_before},
+                      {"latency_settling_seconds", r.latency_settling},
+                      {"latency_after_seconds", r.latency_after},
+                      {"goal", r.goal},
+                      {"goal_met", r.goal_met}};
+  if (r.ar_latency > 0) j["ar_latency_seconds"] = r.ar_latency;
+  if (r.name.rfind("verifier-restart", 0) == 0) {
+    j["recovery_seconds"] =
+        r.recovery_seconds >= 0 ? nlohmann::json(r.recovery_seconds) : nlohmann::json(nullptr);
+    j["failed_after_recovery"] = r.failed_after_recovery;
+  }
+  return j;
+}
+
+void PrintTable(const std::vector<ScenarioResult>& results) {
+  std::printf("%-20s %6s %6s %6s %9s %9s %9s %9s  %s\n", "scenario", "sent", "failed", "wrong",
+              "p50 pre", "p50 +1s", "p50 post", "recovery", "goal");
+  for (const ScenarioResult& r : results) {
+    const std::string recovery =
+        r.name.rfind("verifier-restart", 0) == 0
+            ? (r.recovery_seconds >= 0 ? absl::StrFormat("%.2fs", r.recovery_seconds)
+                                       : std::string("never"))
+            : std::string("-");
+    // A window with no request served shows "-".
+    auto latency = [](double seconds) {
+      return seconds > 0 ? absl::StrFormat("%.3fs", seconds) : std::string("-");
+    };
+    std::printf("%-20s %6d %6d %6d %9s %9s %9s %9s  %s: %s\n", r.name.c_str(), r.sent, r.failed,
+                r.wrong, latency(r.latency_before).c_str(), latency(r.latency_settling).c_str(),
+                latency(r.latency_after).c_str(), recovery.c_str(), r.goal_met ? "MET" : "MISSED",
+                r.goal.c_str());
+    if (r.ar_latency > 0) std::printf("%-20s ar's p50 latency %.3fs\n", "", r.ar_latency);
+    if (!r.first_error.empty()) {
+      std::printf("%-20s first error: %s\n", "", r.first_error.c_str());
+    }
+  }
+}
+
+absl::Status CheckArgs(const BenchChaosArgs& args) {
+  for (const std::string& s : args.scenarios) {
+    if (s != "verifier-kill" && s != "verifier-drain" && s != "verifier-restart" &&
+        s != "drafter-kill") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown scenario '", s,
+                       "'; expected verifier-kill, verifier-drain, verifier-restart or "
+                       "drafter-kill"));
+    }
+  }
+  if (args.clients < 1 || args.clients > 256) {
+    return absl::InvalidArgumentError("--clients must be in [1, 256]");
+  }
+  if (args.max_tokens < 1 || args.max_tokens > 4096) {
+    return absl::InvalidArgumentError("--max-tokens must be in [1, 4096]");
+  }
+  if (!(args.before_seconds > 0) || !(args.after_seconds > kSettleSeconds) ||
+      args.before_seconds > 600 || args.after_seconds > 600) {
+    return absl::InvalidArgumentError(
+        "--before must be in (0, 600] and --after in (1, 600] seconds");
+  }
+  for (int outage : args.outages) {
+    if (outage < 0 || outage > 3600) {
+      return absl::InvalidArgumentError("--outages must be in [0, 3600] seconds");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunBenchChaos(const BenchChaosArgs& args) {
+  auto fail = [](const absl::Status& status) {
+    std::fprintf(stderr, "%s: %s\n", kWho, std::string(status.message()).c_str());
+    return 1;
+  };
+  if (absl::Status checked = CheckArgs(args); !checked.ok()) return fail(checked);
+  absl::StatusOr<std::vector<Prompt>> loaded = LoadBenchPrompts(args.model_dir, "", 0);
+  if (!loaded.ok()) return fail(loaded.status());
+  std::vector<std::string> prompts;
+  for (const Prompt& p : *loaded) {
+    if (prompts.size() < kPrompts) prompts.push_back(p.text);
+  }
+  if (prompts.empty()) return fail(absl::NotFoundError("no benchmark prompts"));
+
+  std::vector<ScenarioResult> results;
+  auto run = [&](absl::StatusOr<ScenarioResult> result) {
+    if (!result.ok()) return false;
+    if (!args.json) {
+      std::fprintf(stderr, "%s: %s: sent %d, failed %d, wrong %d\n", kWho, result->name.c_str(),
+                   result->sent, result->failed, result->wrong);
+    }
+    results.push_back(*std::move(result));
+    return true;
+  };
+  for (const std::string& scenario : args.scenarios) {
+    if (!args.json) std::fprintf(stderr, "%s: %s\n", kWho, scenario.c_str());
+    absl::Status status;
+    if (scenario == "verifier-kill" || scenario == "verifier-drain") {
+      auto r = VerifierFault(args, prompts, scenario == "verifier-kill" ? SIGKILL : SIGTERM);
+      status = r.status();
+      run(std::move(r));
+    } else if (scenario == "verifier-restart") {
+      for (int outage : args.outages) {
+        auto r = VerifierRestart(args, prompts, outage);
+        status = r.status();
+        if (!run(std::move(r))) break;
+      }
+    } else {
+      auto r = DrafterKill(args, prompts);
+      status = r.status();
+      run(std::move(r));
+    }
+    if (!status.ok())
+      return fail(absl::Status(status.code(), absl::StrCat(scenario, ": ", status.message())));
+  }
+  if (args.json) {
+    nlohmann::json out = {{"clients", args.clients},
+                          {"max_tokens", args.max_tokens},
+                          {"before_seconds", args.before_seconds},
+                          {"after_seconds", args.after_seconds},
+                          {"scenarios", nlohmann::json::array()}};
+    for (const ScenarioResult& r : results) out["scenarios"].push_back(ResultJson(r));
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    PrintTable(results);
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli
