@@ -122,11 +122,12 @@ struct ScenarioResult {
   std::string name;
   std::string fault;  // what was done, in words
   int sent = 0, failed = 0, wrong = 0;
-  int failed_after_recovery = 0;  // verifier-restart: failures that started after the restart
+  bool restart = false;           // a kill-and-restart scenario: the two fields below apply
+  int failed_after_recovery = 0;  // failures that started after the first request served
   std::string first_error;
   double latency_before = 0, latency_settling = 0, latency_after = 0;  // medians, seconds
   double ar_latency = 0;         // drafter-kill: ar's median on the same cluster
-  double recovery_seconds = -1;  // verifier-restart: listening -> first request served
+  double recovery_seconds = -1;  // listening again -> first request served
   bool goal_met = false;
   std::string goal;
 };
@@ -215,26 +216,34 @@ absl::StatusOr<ScenarioResult> VerifierFault(const BenchChaosArgs& args,
   return r;
 }
 
-absl::StatusOr<ScenarioResult> VerifierRestart(const BenchChaosArgs& args,
-                                               const std::vector<std::string>& prompts,
-                                               int outage) {
+// SIGKILLs a service (the only verifier, or the router) and starts it again on its address
+// after `outage` seconds; `restart.name` and `restart.fault` are the result's.
+struct RestartSpec {
+  std::string name, fault;
+  bool router = false;  // else the verifier
+  int outage = 0;
+};
+
+absl::StatusOr<ScenarioResult> KillAndRestart(const BenchChaosArgs& args,
+                                              const std::vector<std::string>& prompts,
+                                              const RestartSpec& spec) {
   ScenarioResult r;
-  r.name = absl::StrCat("verifier-restart-", outage);
-  r.fault = absl::StrCat("SIGKILL the only verifier, start it again after ", outage, " s");
+  r.name = spec.name;
+  r.fault = spec.fault;
+  r.restart = true;
   absl::StatusOr<Bench> bench = StartBench(args, 1, prompts);
   if (!bench.ok()) return bench.status();
+  const size_t child = spec.router ? bench->cluster->children().size() - 1 : VerifierChild(0);
   const BenchClock::time_point t0 = BenchClock::now();
   Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"ar", "spec", "auto"},
             args.clients, args.max_tokens, t0);
   SleepSeconds(args.before_seconds);
   const double fault = Since(t0);
-  ChildProcess& verifier = *bench->cluster->children()[VerifierChild(0)];
-  verifier.Signal(SIGKILL);
-  verifier.WaitForExit(absl::Seconds(10));
-  SleepSeconds(std::max(0.0, outage - (Since(t0) - fault)));
-  if (absl::Status restarted = bench->cluster->Restart(VerifierChild(0)); !restarted.ok()) {
-    return restarted;
-  }
+  ChildProcess& service = *bench->cluster->children()[child];
+  service.Signal(SIGKILL);
+  service.WaitForExit(absl::Seconds(10));
+  SleepSeconds(std::max(0.0, spec.outage - (Since(t0) - fault)));
+  if (absl::Status restarted = bench->cluster->Restart(child); !restarted.ok()) return restarted;
   const double listening = Since(t0);
   SleepSeconds(args.after_seconds);
   const std::vector<Outcome> outcomes = load.Stop();
@@ -307,7 +316,7 @@ nlohmann::json ResultJson(const ScenarioResult& r) {
                       {"goal", r.goal},
                       {"goal_met", r.goal_met}};
   if (r.ar_latency > 0) j["ar_latency_seconds"] = r.ar_latency;
-  if (r.name.rfind("verifier-restart", 0) == 0) {
+  if (r.restart) {
     j["recovery_seconds"] =
         r.recovery_seconds >= 0 ? nlohmann::json(r.recovery_seconds) : nlohmann::json(nullptr);
     j["failed_after_recovery"] = r.failed_after_recovery;
@@ -320,10 +329,9 @@ void PrintTable(const std::vector<ScenarioResult>& results) {
               "p50 pre", "p50 +1s", "p50 post", "recovery", "goal");
   for (const ScenarioResult& r : results) {
     const std::string recovery =
-        r.name.rfind("verifier-restart", 0) == 0
-            ? (r.recovery_seconds >= 0 ? absl::StrFormat("%.2fs", r.recovery_seconds)
-                                       : std::string("never"))
-            : std::string("-");
+        r.restart ? (r.recovery_seconds >= 0 ? absl::StrFormat("%.2fs", r.recovery_seconds)
+                                             : std::string("never"))
+                  : std::string("-");
     // A window with no request served shows "-".
     auto latency = [](double seconds) {
       return seconds > 0 ? absl::StrFormat("%.3fs", seconds) : std::string("-");
@@ -342,11 +350,11 @@ void PrintTable(const std::vector<ScenarioResult>& results) {
 absl::Status CheckArgs(const BenchChaosArgs& args) {
   for (const std::string& s : args.scenarios) {
     if (s != "verifier-kill" && s != "verifier-drain" && s != "verifier-restart" &&
-        s != "drafter-kill") {
+        s != "drafter-kill" && s != "router-restart") {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown scenario '", s,
-                       "'; expected verifier-kill, verifier-drain, verifier-restart or "
-                       "drafter-kill"));
+                       "'; expected verifier-kill, verifier-drain, verifier-restart, "
+                       "drafter-kill or router-restart"));
     }
   }
   if (args.clients < 1 || args.clients > 256) {
@@ -403,10 +411,22 @@ int RunBenchChaos(const BenchChaosArgs& args) {
       run(std::move(r));
     } else if (scenario == "verifier-restart") {
       for (int outage : args.outages) {
-        auto r = VerifierRestart(args, prompts, outage);
+        auto r =
+            KillAndRestart(args, prompts,
+                           {.name = absl::StrCat("verifier-restart-", outage),
+                            .fault = absl::StrCat(
+                                "SIGKILL the only verifier, start it again after ", outage, " s"),
+                            .outage = outage});
         status = r.status();
         if (!run(std::move(r))) break;
       }
+    } else if (scenario == "router-restart") {
+      auto r = KillAndRestart(args, prompts,
+                              {.name = "router-restart",
+                               .fault = "SIGKILL the router, start it again",
+                               .router = true});
+      status = r.status();
+      run(std::move(r));
     } else {
       auto r = DrafterKill(args, prompts);
       status = r.status();

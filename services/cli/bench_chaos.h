@@ -17,9 +17,12 @@
 //   drafter-kill      one verifier, `spec` requests; SIGKILL the drafter. Goal: 0 failed, and
 //                     from 1 s after the kill the median latency within 1.25x of `ar`'s
 //                     (measured first, on the same cluster).
-// Redis and router restarts are not here: the registry's Redis restart is covered by
-// tests/integration/registry_test.cc (RedisRestartWhileRequestsFlowFailsNothing), and a router
-// restart fails the streams it carried by construction (clients reconnect).
+//   router-restart    SIGKILL the router and start it again on its address at once: the
+//                     streams it carried fail; goal: the clients (gRPC channels reconnecting on
+//                     their own) are served again within 2 s of its listening, nothing fails
+//                     after that.
+// A Redis restart is not here: the registry's Redis lost and restarted under load is covered by
+// tests/integration/registry_test.cc (RedisRestartWhileRequestsFlowFailsNothing).
 #pragma once
 
 #include <string>
@@ -29,7 +32,7 @@ namespace tandem::cli {
 
 struct BenchChaosArgs {
   std::vector<std::string> scenarios = {"verifier-kill", "verifier-drain", "verifier-restart",
-                                        "drafter-kill"};
+                                        "drafter-kill", "router-restart"};
   std::vector<int> outages = {5, 30, 90};  // verifier-restart: seconds down, one run each
   int clients = 8;                         // closed-loop clients
   int max_tokens = 24;                     // new tokens per request
