@@ -25,7 +25,9 @@ namespace {
 
 constexpr char kWho[] = "tandem bench chaos";
 constexpr absl::Duration kReadyTimeout = absl::Seconds(60);
-constexpr int kPrompts = 8;  // prompts cycled through (their greedy outputs are learnt first)
+constexpr int kPrompts = 8;
+constexpr std::chrono::seconds kRequestTimeout(
+    120);  // prompts cycled through (their greedy outputs are learnt first)
 // A client whose request failed waits this long before its next one (a router with no verifier
 // answers at once).
 constexpr auto kRetryPause = std::chrono::milliseconds(100);
@@ -80,11 +82,8 @@ class Load {
       const std::string& mode = modes_[static_cast<size_t>(c + k) % modes_.size()];
       Outcome o;
       o.start = Since(t0_);
-      const BenchClock::time_point start = BenchClock::now();
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-      auto reader = stub_->Generate(&context, MakeRequest((*prompts_)[i], mode, max_tokens_));
-      const TimedStream stream = ReadTimed(*reader, start);
+      const TimedStream stream =
+          Generate(*stub_, (*prompts_)[i], mode, max_tokens_, BenchClock::now(), kRequestTimeout);
       o.end = Since(t0_);
       o.ok = stream.ok();
       o.wrong = o.ok && stream.tokens != (*expected_)[i];
@@ -132,6 +131,15 @@ struct ScenarioResult {
   std::string goal;
 };
 
+// The three latency medians of `r`: requests started before `fault`, in the second from
+// `settle` (the fault, or the restart's listening), and after that.
+void SetLatencies(const std::vector<Outcome>& outcomes, double fault, double settle,
+                  ScenarioResult& r) {
+  r.latency_before = MedianLatency(outcomes, 0, fault);
+  r.latency_settling = MedianLatency(outcomes, settle, settle + kSettleSeconds);
+  r.latency_after = MedianLatency(outcomes, settle + kSettleSeconds, 1e9);
+}
+
 // A started local cluster with its router stub, the prompts and their greedy outputs.
 struct Bench {
   std::unique_ptr<LocalCluster> cluster;
@@ -161,10 +169,8 @@ absl::StatusOr<Bench> StartBench(const BenchChaosArgs& args, int verifiers,
   if (!models.ok()) return models.status();
   bench.prompts = prompts;
   for (const std::string& prompt : prompts) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    auto reader = bench.stub->Generate(&context, MakeRequest(prompt, "ar", args.max_tokens));
-    const TimedStream stream = ReadTimed(*reader, BenchClock::now());
+    const TimedStream stream =
+        Generate(*bench.stub, prompt, "ar", args.max_tokens, BenchClock::now(), kRequestTimeout);
     if (!stream.ok()) {
       return absl::UnavailableError(absl::StrCat("the greedy output of a prompt before any fault: ",
                                                  DescribeStatus(stream.status)));
@@ -208,9 +214,7 @@ absl::StatusOr<ScenarioResult> VerifierFault(const BenchChaosArgs& args,
   SleepSeconds(args.after_seconds);
   const std::vector<Outcome> outcomes = load.Stop();
   Count(outcomes, r);
-  r.latency_before = MedianLatency(outcomes, 0, fault);
-  r.latency_settling = MedianLatency(outcomes, fault, fault + kSettleSeconds);
-  r.latency_after = MedianLatency(outcomes, fault + kSettleSeconds, 1e9);
+  SetLatencies(outcomes, fault, fault, r);
   r.goal = "0 failed, 0 wrong";
   r.goal_met = r.failed == 0 && r.wrong == 0;
   return r;
@@ -259,9 +263,7 @@ absl::StatusOr<ScenarioResult> KillAndRestart(const BenchChaosArgs& args,
       if (!o.ok && o.start >= listening + r.recovery_seconds) ++r.failed_after_recovery;
     }
   }
-  r.latency_before = MedianLatency(outcomes, 0, fault);
-  r.latency_settling = MedianLatency(outcomes, listening, listening + kSettleSeconds);
-  r.latency_after = MedianLatency(outcomes, listening + kSettleSeconds, 1e9);
+  SetLatencies(outcomes, fault, listening, r);
   r.goal = absl::StrCat("served again within ", kRestartGoalSeconds,
                         " s of listening, then 0 failed; 0 wrong");
   r.goal_met = r.recovery_seconds >= 0 && r.recovery_seconds <= kRestartGoalSeconds &&
@@ -293,9 +295,7 @@ absl::StatusOr<ScenarioResult> DrafterKill(const BenchChaosArgs& args,
   SleepSeconds(args.after_seconds);
   const std::vector<Outcome> outcomes = load.Stop();
   Count(outcomes, r);
-  r.latency_before = MedianLatency(outcomes, 0, fault);
-  r.latency_settling = MedianLatency(outcomes, fault, fault + kSettleSeconds);
-  r.latency_after = MedianLatency(outcomes, fault + kSettleSeconds, 1e9);
+  SetLatencies(outcomes, fault, fault, r);
   r.goal = absl::StrCat("0 failed, 0 wrong; from ", kSettleSeconds, " s after the kill, median ",
                         "latency <= ", kDrafterLatencyGoal, " x ar's");
   r.goal_met = r.failed == 0 && r.wrong == 0 && r.latency_after > 0 &&

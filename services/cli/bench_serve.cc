@@ -51,14 +51,6 @@ BenchClock::time_point After(BenchClock::time_point from, double seconds) {
          std::chrono::duration_cast<BenchClock::duration>(std::chrono::duration<double>(seconds));
 }
 
-TimedStream Generate(v1::Generation::Stub& stub, const std::string& prompt, const std::string& mode,
-                     int max_tokens, BenchClock::time_point start) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-  auto reader = stub.Generate(&context, MakeRequest(prompt, mode, max_tokens));
-  return ReadTimed(*reader, start);
-}
-
 int RequestsFor(const BenchServeArgs& args, int concurrency) {
   if (args.requests_per_level > 0) return std::max(args.requests_per_level, concurrency);
   return std::max(16, 4 * concurrency);

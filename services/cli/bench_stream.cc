@@ -18,6 +18,14 @@ v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mo
   return request;
 }
 
+TimedStream Generate(v1::Generation::Stub& stub, const std::string& prompt, const std::string& mode,
+                     int max_tokens, BenchClock::time_point start, std::chrono::seconds timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  auto reader = stub.Generate(&context, MakeRequest(prompt, mode, max_tokens));
+  return ReadTimed(*reader, start);
+}
+
 absl::StatusOr<v1::ListModelsResponse> WaitForModels(v1::Generation::Stub& stub,
                                                      const std::string& address,
                                                      absl::Duration timeout) {

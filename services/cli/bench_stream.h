@@ -51,6 +51,12 @@ TimedStream ReadTimed(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
 // A greedy request for `max_tokens` new tokens of `prompt` in `mode`.
 v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mode, int max_tokens);
 
+// One greedy generation through `stub`, read to the end and timed from `start` (taken just
+// before the call); the call's deadline is `timeout` from now.
+TimedStream Generate(v1::Generation::Stub& stub, const std::string& prompt, const std::string& mode,
+                     int max_tokens, BenchClock::time_point start,
+                     std::chrono::seconds timeout = std::chrono::minutes(10));
+
 // Waits until the router at `address` knows a model. It answers ListModels from the verifiers
 // it has heard from, so the list is empty until its first poll of a verifier succeeded; a
 // verifier calibrates its cost model before it listens, so from then on the router's mode
