@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -48,6 +49,12 @@ inline std::unique_ptr<Transformer> TinyModel(TinyArch arch, uint64_t seed,
   return Transformer::FromWeights(c, RandomWeights(c, seed, 0.35f));
 }
 
+// Every vector of a layer's weights (norms and biases too, empty ones included).
+inline std::array<std::vector<float>*, 12> LayerVectors(LayerWeights& l) {
+  return {&l.input_norm, &l.qkv,       &l.qkv_bias, &l.q_norm,       &l.k_norm, &l.o,
+          &l.o_bias,     &l.post_norm, &l.gate_up,  &l.gate_up_bias, &l.down,   &l.down_bias};
+}
+
 // A copy of `model` with normal noise of `stddev` added to every weight: a drafter that agrees
 // with the target often but not always.
 inline std::unique_ptr<Transformer> PerturbedModel(const Transformer& model, uint64_t seed,
@@ -62,11 +69,7 @@ inline std::unique_ptr<Transformer> PerturbedModel(const Transformer& model, uin
   perturb(w.final_norm);
   perturb(w.lm_head);
   for (LayerWeights& l : w.layers) {
-    for (std::vector<float>* v :
-         {&l.input_norm, &l.qkv, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.o, &l.o_bias, &l.post_norm,
-          &l.gate_up, &l.gate_up_bias, &l.down, &l.down_bias}) {
-      perturb(*v);
-    }
+    for (std::vector<float>* v : LayerVectors(l)) perturb(*v);
   }
   return Transformer::FromWeights(model.config(), std::move(w));
 }

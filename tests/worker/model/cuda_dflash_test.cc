@@ -88,11 +88,7 @@ std::unique_ptr<DFlashModel> RandomDFlash(const Transformer* target, int layers,
   round(w.hidden_norm);
   round(w.final_norm);
   for (LayerWeights& l : w.layers) {
-    for (std::vector<float>* v :
-         {&l.input_norm, &l.qkv, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.o, &l.o_bias, &l.post_norm,
-          &l.gate_up, &l.gate_up_bias, &l.down, &l.down_bias}) {
-      round(*v);
-    }
+    for (std::vector<float>* v : testing::LayerVectors(l)) round(*v);
   }
   absl::StatusOr<std::unique_ptr<DFlashModel>> model =
       DFlashModel::Create(std::move(d), std::move(w), target);
