@@ -63,11 +63,17 @@ absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& 
     }
   }
   if (absl::Status adjust = CheckLogitAdjust(request.adjust, 0); !adjust.ok()) return adjust;
-  if (!request.response_format.empty() && request.response_format != "text" &&
-      request.response_format != "json_object") {
-    return absl::InvalidArgumentError(absl::StrCat("response_format type '",
-                                                   request.response_format,
-                                                   "' is not supported (text or json_object)"));
+  const std::string& format = request.response_format;
+  if (!format.empty() && format != "text" && format != "json_object" && format != "json_schema" &&
+      format != "structural_tag") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("response_format type '", format,
+                     "' is not supported (text, json_object, json_schema or structural_tag)"));
+  }
+  if (request.response_schema_bytes > kMaxGrammarBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("response_format's schema has ",
+                                                   request.response_schema_bytes,
+                                                   " bytes; at most ", kMaxGrammarBytes));
   }
   if (request.top_logprobs < 0 || request.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -5,12 +5,14 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "router/verifier_pool.h"
+#include "worker/sampling/grammar.h"
 #include "worker/sampling/logit_adjust.h"
 
 namespace tandem::router {
@@ -32,7 +34,8 @@ struct RouterRequest {
   bool logprobs = false;
   int top_logprobs = 0;  // within [0, 20] (also without logprobs: a client's mistake either way)
   bool echo = false;     // the prompt comes back first; max_tokens may then be 0
-  std::string response_format;  // "", "text" or "json_object"
+  std::string response_format;       // "", "text", "json_object", "json_schema" or "structural_tag"
+  size_t response_schema_bytes = 0;  // its schema's size: at most kMaxGrammarBytes
 };
 
 // Checks `request` against `model` (the description of the model it names): an input that is

@@ -45,6 +45,7 @@ router::RouterRequest ToRouterRequest(const v1::GenerateRequest& request) {
   out.top_logprobs = request.top_logprobs();
   out.echo = request.echo();
   out.response_format = request.response_format().type();
+  out.response_schema_bytes = request.response_format().schema().size();
   return out;
 }
 

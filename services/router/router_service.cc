@@ -20,7 +20,8 @@ namespace {
 
 // Whether a request needs the target's AR rows, which only lossless modes compute.
 bool NeedsLossless(const v1::GenerateRequest& request) {
-  return request.logprobs() || request.response_format().type() == "json_object";
+  const std::string& format = request.response_format().type();
+  return request.logprobs() || !(format.empty() || format == "text");
 }
 
 uint64_t NewSeed() {

@@ -6,11 +6,13 @@
 #include <cmath>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "services/common/logit_adjust_proto.h"
 #include "services/common/proto_decode.h"
@@ -297,6 +299,33 @@ absl::Status ApplyModeOptions(const v1::ModeOptions& given, ModeOptions* options
   return absl::OkStatus();
 }
 
+// The engine's constraint for a response_format (generate.proto); InvalidArgument naming it for
+// an unknown type or a schema where none belongs or none is given.
+absl::StatusOr<std::optional<GrammarSpec>> ToGrammarSpec(const v1::ResponseFormat& format) {
+  const std::string& type = format.type();
+  if (type.empty() || type == "text" || type == "json_object") {
+    if (!format.schema().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "response_format type '", type, "' takes no schema (json_schema or structural_tag do)"));
+    }
+    if (type != "json_object") return std::nullopt;
+    return GrammarSpec{.kind = GrammarSpec::Kind::kJsonObject};
+  }
+  GrammarSpec spec{.kind = GrammarSpec::Kind::kJsonSchema, .text = format.schema()};
+  if (type == "structural_tag") {
+    spec.kind = GrammarSpec::Kind::kStructuralTag;
+  } else if (type != "json_schema") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("response_format type '", type,
+                     "' is not supported (text, json_object, json_schema or structural_tag)"));
+  }
+  if (spec.text.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("response_format ", type, " needs its schema (response_format.schema)"));
+  }
+  return spec;
+}
+
 }  // namespace
 
 absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verify,
@@ -373,12 +402,7 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
   out.logprobs = request.logprobs();
   out.top_logprobs = request.top_logprobs();
   out.echo = request.echo();
-  const std::string& format = request.response_format().type();
-  if (!format.empty() && format != "text" && format != "json_object") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("response_format type '", format, "' is not supported (text or json_object)"));
-  }
-  out.json_object = format == "json_object";
+  TANDEM_ASSIGN_OR_RETURN(out.grammar, ToGrammarSpec(request.response_format()));
   out.mode = request.mode();
   out.committed.assign(verify.committed_token_ids().begin(), verify.committed_token_ids().end());
   out.drafter = verify.drafter();

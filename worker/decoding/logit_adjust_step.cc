@@ -14,7 +14,7 @@ void ReturnLogits(StepPlan* plan) {
 
 absl::Status AdjustStepLogits(const LogitAdjust& adjust, const DecodeState& state,
                               const StepPlan& plan, int vocab_size, TokenHistory* history,
-                              ExtendOutput* out) {
+                              GrammarCursor* grammar, ExtendOutput* out) {
   const size_t rows = plan.outputs.size();
   if (out->logits.size() != rows * static_cast<size_t>(vocab_size)) {
     return absl::InternalError(absl::StrCat("the step has ", out->logits.size(), " logits for ",
@@ -43,20 +43,14 @@ absl::Status AdjustStepLogits(const LogitAdjust& adjust, const DecodeState& stat
     const std::span<const int32_t> removed = state.tokens.subspan(static_cast<size_t>(cut));
     std::span<float> row(out->logits.data() + r * static_cast<size_t>(vocab_size),
                          static_cast<size_t>(vocab_size));
-    // JSON mode: the state after the row's generated text, in order (null when that text is no
-    // prefix of an object: a rejected draft's path).
-    JsonPrefix json;
-    bool json_ok = adjust.json_vocab != nullptr;
-    if (json_ok) {
-      const auto feed = [&](int32_t token) {
-        json_ok = json_ok && token >= 0 && static_cast<size_t>(token) < adjust.json_vocab->size() &&
-                  json.FeedAll((*adjust.json_vocab)[static_cast<size_t>(token)]);
-      };
-      for (int p = state.prompt_len; p < cut; ++p) feed(state.tokens[static_cast<size_t>(p)]);
-      for (int32_t token : added) feed(token);
+    // A prompt row (echo) predicts a prompt token, not the completion: no grammar applies.
+    if (grammar != nullptr && position + 1 >= state.prompt_len) {
+      const std::span<const int32_t> generated = state.tokens.subspan(
+          static_cast<size_t>(state.prompt_len), static_cast<size_t>(cut - state.prompt_len));
+      if (grammar->MoveTo(generated, added)) grammar->Mask(row);
     }
     AdjustLogits(adjust, *history, added, removed, std::max(0, position + 1 - state.prompt_len),
-                 row, json_ok ? &json : nullptr);
+                 row);
   }
   return absl::OkStatus();
 }

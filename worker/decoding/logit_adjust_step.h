@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "worker/decoding/decoding_mode.h"
+#include "worker/sampling/grammar.h"
 #include "worker/sampling/logit_adjust.h"
 
 namespace tandem {
@@ -17,9 +18,12 @@ namespace tandem {
 void ReturnLogits(StepPlan* plan);
 
 // Adjusts `out`'s logits, row by row, for a step of `state` planned as `plan`; `history` is
-// brought up to the state's tokens. Internal when `out` lacks logits for the plan's outputs.
+// brought up to the state's tokens. `grammar` (null without structured output) first masks
+// each row to what the grammar allows after the row's generated context; a row whose context
+// the grammar refuses (a path past a draft that a grammar-masked row rejects) is not masked, as
+// no accepted path reaches it. Internal when `out` lacks logits for the plan's outputs.
 absl::Status AdjustStepLogits(const LogitAdjust& adjust, const DecodeState& state,
                               const StepPlan& plan, int vocab_size, TokenHistory* history,
-                              ExtendOutput* out);
+                              GrammarCursor* grammar, ExtendOutput* out);
 
 }  // namespace tandem

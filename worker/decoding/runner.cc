@@ -23,6 +23,11 @@ absl::StatusOr<RunStats> RunSequence(Transformer& model, KvCache& kv, SeqId seq,
   int kv_len = 0;
   const bool adjusted = options.adjust.active();
   TokenHistory history;
+  std::unique_ptr<GrammarCursor> grammar;
+  if (options.adjust.grammar != nullptr) {
+    grammar =
+        std::make_unique<GrammarCursor>(options.adjust.grammar, options.adjust.min_tokens_ban);
+  }
   while (true) {
     if (options.cancelled && options.cancelled()) {
       stats.finish = FinishReason::kCancelled;
@@ -53,7 +58,8 @@ absl::StatusOr<RunStats> RunSequence(Transformer& model, KvCache& kv, SeqId seq,
     ++stats.forwards;
     if (adjusted) {
       TANDEM_RETURN_IF_ERROR(AdjustStepLogits(options.adjust, state, plan,
-                                              model.config().vocab_size, &history, &out[0]));
+                                              model.config().vocab_size, &history, grammar.get(),
+                                              &out[0]));
     }
     TANDEM_ASSIGN_OR_RETURN(StepResult result, mode.Consume(state, plan, out[0]));
     TANDEM_RETURN_IF_ERROR(CheckStep(state, plan, result, mode.name()));

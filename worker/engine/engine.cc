@@ -258,6 +258,14 @@ const std::shared_ptr<const std::vector<std::string>>& Engine::Impl::TokenBytes(
   return token_bytes_;
 }
 
+const GrammarCompiler& Engine::Impl::Grammars() {
+  std::call_once(grammar_compiler_once_, [this] {
+    grammar_compiler_ = std::make_unique<GrammarCompiler>(
+        *TokenBytes(), model_->model->config().vocab_size, stop_tokens_);
+  });
+  return *grammar_compiler_;
+}
+
 // A sequence with no KV whose prompt begins with whole blocks that an earlier sequence of this
 // step is still computing waits until they are done, then takes them from the cache: requests
 // that share a prompt (n choices, a burst with one system prompt) prefill it once.
@@ -454,8 +462,9 @@ std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, Ext
                                                                  absl::Time step_start) {
   EngineSequence& s = *p.seq;
   if (s.adjust.active()) {
-    absl::Status adjusted = AdjustStepLogits(s.adjust, p.state, p.plan,
-                                             model_->model->config().vocab_size, &s.history, &out);
+    absl::Status adjusted =
+        AdjustStepLogits(s.adjust, p.state, p.plan, model_->model->config().vocab_size, &s.history,
+                         s.grammar.get(), &out);
     if (!adjusted.ok()) {
       Finish(p.seq, FinishReason::kNone, adjusted);
       return std::nullopt;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "worker/engine/engine_observer.h"
 #include "worker/engine/local_generator.h"
 #include "worker/kv/kv_cache.h"
+#include "worker/sampling/grammar.h"
 #include "worker/sampling/logit_adjust.h"
 #include "worker/sampling/sampling.h"
 #include "worker/sampling/stop.h"
@@ -95,9 +97,10 @@ struct SequenceRequest {
   // but the first (and `top_logprobs` alternatives when `logprobs`). Lossless modes only; allows
   // max_tokens 0 (score a prompt without generating).
   bool echo = false;
-  // JSON mode (response_format json_object): the completion is constrained to a JSON object
-  // (worker/sampling/json_prefix.h) and ends when it closes. Lossless modes only.
-  bool json_object = false;
+  // Structured output (response_format json_object / json_schema, tool calls): the completion
+  // is constrained to the grammar (worker/sampling/grammar.h), and a stop token ends it only
+  // where the text is a whole match. Lossless modes only.
+  std::optional<GrammarSpec> grammar;
   std::string drafter;  // drafter address for `spec`; "" = the engine's default
   absl::Time deadline = absl::InfiniteFuture();
 };

@@ -25,6 +25,7 @@
 #include "worker/engine/engine_stages.h"
 #include "worker/engine/gamma_choice.h"
 #include "worker/engine/mailbox.h"
+#include "worker/sampling/grammar.h"
 
 namespace tandem {
 
@@ -37,8 +38,9 @@ struct EngineSequence {
   std::string mode_name;
   bool lossless = true;
   SamplingParams sampling;
-  LogitAdjust adjust;     // active(): every step returns logits and they are adjusted on the host
-  TokenHistory history;   // the counts `adjust` reads
+  LogitAdjust adjust;    // active(): every step returns logits and they are adjusted on the host
+  TokenHistory history;  // the counts `adjust` reads
+  std::unique_ptr<GrammarCursor> grammar;  // structured output: where the text stands in it
   int top_logprobs = -1;  // >= 0: each token's logprob and this many alternatives are streamed
   bool echo = false;      // the prompt's tokens and logprobs are streamed first
   int echoed = 0;         // prompt tokens streamed so far (a recomputed prompt is not resent)
@@ -224,6 +226,11 @@ class Engine::Impl {
   std::once_flag token_bytes_once_;
   std::shared_ptr<const std::vector<std::string>> token_bytes_;
   const std::shared_ptr<const std::vector<std::string>>& TokenBytes();
+  // Structured output's compiler over the model's vocabulary, made at the first request that
+  // needs it.
+  std::once_flag grammar_compiler_once_;
+  std::unique_ptr<GrammarCompiler> grammar_compiler_;
+  const GrammarCompiler& Grammars();
 
   // Shared with callers and draft channels.
   std::shared_ptr<EngineMailbox> mailbox_;

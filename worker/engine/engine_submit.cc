@@ -88,10 +88,10 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
     }
     seq->top_logprobs = request.top_logprobs;
   }
-  if (request.json_object && !seq->lossless) {
+  if (request.grammar.has_value() && !seq->lossless) {
     return absl::InvalidArgumentError(
-        absl::StrCat("JSON mode constrains the target's AR rows, which mode ", seq->mode_name,
-                     " (lossy) does not sample from; ask for a lossless mode"));
+        absl::StrCat("structured output constrains the target's AR rows, which mode ",
+                     seq->mode_name, " (lossy) does not sample from; ask for a lossless mode"));
   }
   // The prompt's rows are the target's AR rows in every mode: echo needs no lossless mode.
   seq->echo = request.echo;
@@ -163,18 +163,20 @@ absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest
   stop.min_tokens = request.adjust.min_tokens;
   seq.adjust = request.adjust;
   seq.adjust.min_tokens_ban = stop.stop_token_ids;
-  if (request.json_object) {
+  if (request.grammar.has_value()) {
     if (stop.stop_token_ids.empty()) {
       return absl::InvalidArgumentError(
-          "JSON mode ends the completion with a stop token once the object closes: with "
-          "ignore_eos, name one in stop_token_ids");
+          "structured output ends the completion with a stop token where the grammar is "
+          "complete: with ignore_eos, name one in stop_token_ids");
     }
-    // A closed object allows only a stop token, which min_tokens may still forbid.
+    // A complete JSON document allows only a stop token, which min_tokens may still forbid.
     if (request.adjust.min_tokens > 0) {
       return absl::InvalidArgumentError(
-          "min_tokens cannot be combined with JSON mode (the object decides where it ends)");
+          "min_tokens cannot be combined with structured output (the grammar decides where the "
+          "completion ends)");
     }
-    seq.adjust.json_vocab = TokenBytes();
+    TANDEM_ASSIGN_OR_RETURN(seq.adjust.grammar, Grammars().Compile(*request.grammar));
+    seq.grammar = std::make_unique<GrammarCursor>(seq.adjust.grammar, stop.stop_token_ids);
   }
   seq.checker = std::make_unique<StopChecker>(std::move(stop));
   seq.detok = std::make_unique<IncrementalDetokenizer>(*model_->tokenizer);

@@ -46,8 +46,7 @@ absl::Status CheckPenalty(float value, const char* name) {
 
 bool LogitAdjust::active() const {
   return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1 ||
-         !logit_bias.empty() || (min_tokens > 0 && !min_tokens_ban.empty()) ||
-         json_vocab != nullptr;
+         !logit_bias.empty() || (min_tokens > 0 && !min_tokens_ban.empty()) || grammar != nullptr;
 }
 
 absl::Status CheckLogitAdjust(const LogitAdjust& adjust, int vocab_size) {
@@ -107,42 +106,9 @@ void TokenHistory::Sync(std::span<const int32_t> tokens, int prompt_len) {
   if (!tokens.empty()) last_ = tokens.back();
 }
 
-namespace {
-
-// JSON mode's ban over a row: what would leave no prefix of an object, stop tokens before it
-// closes, anything but a stop token after (whitespace when there is no stop token at all).
-void MaskJson(const LogitAdjust& adjust, const JsonPrefix& json, std::span<float> row) {
-  const std::vector<std::string>& vocab = *adjust.json_vocab;
-  const auto is_stop = [&](int32_t t) {
-    return std::find(adjust.min_tokens_ban.begin(), adjust.min_tokens_ban.end(), t) !=
-           adjust.min_tokens_ban.end();
-  };
-  const bool complete = json.complete();
-  const bool stops = !adjust.min_tokens_ban.empty();
-  for (size_t t = 0; t < row.size(); ++t) {
-    const auto token = static_cast<int32_t>(t);
-    bool allowed;
-    if (is_stop(token)) {
-      allowed = complete;
-    } else if (complete && stops) {
-      allowed = false;
-    } else {
-      allowed = t < vocab.size() && !vocab[t].empty();
-      if (allowed) {
-        JsonPrefix next = json;
-        allowed = next.FeedAll(vocab[t]);
-      }
-    }
-    if (!allowed) row[t] = kNegInf;
-  }
-}
-
-}  // namespace
-
 void AdjustLogits(const LogitAdjust& adjust, const TokenHistory& history,
                   std::span<const int32_t> added, std::span<const int32_t> removed,
-                  int generated_before, std::span<float> row, const JsonPrefix* json) {
-  if (json != nullptr && adjust.json_vocab != nullptr) MaskJson(adjust, *json, row);
+                  int generated_before, std::span<float> row) {
   const auto in_row = [&](int32_t token) {
     return token >= 0 && static_cast<size_t>(token) < row.size();
   };

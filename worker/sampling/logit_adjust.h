@@ -18,9 +18,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
-#include "worker/sampling/json_prefix.h"
 
 namespace tandem {
+
+class Grammar;  // worker/sampling/grammar.h
 
 inline constexpr int kMaxLogitBias = 300;         // entries, as OpenAI's limit
 inline constexpr float kMaxLogitBiasValue = 100;  // |bias|, as OpenAI's
@@ -44,11 +45,11 @@ struct LogitAdjust {
   // (the engine fills in its stop tokens) cannot be drawn.
   int min_tokens = 0;
   std::vector<int32_t> min_tokens_ban;
-  // JSON mode (OpenAI's response_format json_object): each token's bytes by id (the engine
-  // fills them in). A token that would leave the completion no prefix of a JSON object cannot be
-  // drawn, nor a stop token (min_tokens_ban) before the object is complete, nor anything but a
-  // stop token after it.
-  std::shared_ptr<const std::vector<std::string>> json_vocab;
+  // Structured output (response_format json_object / json_schema, tool calls): the compiled
+  // constraint (the engine compiles the request's). Each row is first masked to the tokens the
+  // grammar allows after the row's context, a stop token only where the text is a whole match
+  // (worker/decoding/logit_adjust_step.cc).
+  std::shared_ptr<const Grammar> grammar;
 
   // Whether any adjustment changes a logit.
   bool active() const;
@@ -83,10 +84,9 @@ class TokenHistory {
 // Adjusts one row of logits. The row's context is the history's sequence with the generated
 // tokens `added` appended and `removed` taken away (drafts on the row's path, and tokens the
 // sequence holds past the row's position); `generated_before` tokens precede the predicted one.
-// `json`: in JSON mode, the state after the context's generated text (null: no JSON mask, as
-// for a row whose context is no JSON prefix, which no accepted path reaches).
+// The grammar's mask is not applied here (the caller's GrammarCursor does it first).
 void AdjustLogits(const LogitAdjust& adjust, const TokenHistory& history,
                   std::span<const int32_t> added, std::span<const int32_t> removed,
-                  int generated_before, std::span<float> row, const JsonPrefix* json = nullptr);
+                  int generated_before, std::span<float> row);
 
 }  // namespace tandem

@@ -46,7 +46,7 @@ void Check(const Case& c) {
                           .kv_len = static_cast<int>(c.tokens.size()) - 1,
                           .budget = 8};
   TokenHistory history;
-  ASSERT_TRUE(AdjustStepLogits(Everything(), state, c.plan, kVocab, &history, &out).ok());
+  ASSERT_TRUE(AdjustStepLogits(Everything(), state, c.plan, kVocab, &history, nullptr, &out).ok());
   const std::vector<int32_t> prompt(c.tokens.begin(), c.tokens.begin() + c.prompt_len);
   for (size_t r = 0; r < c.plan.outputs.size(); ++r) {
     const std::vector<float> expected = testing::ReferenceAdjust(
@@ -122,7 +122,7 @@ TEST(AdjustStepLogitsTest, AStepWithoutLogitsIsAnInternalError) {
   ExtendOutput out;
   out.tokens = {2};
   TokenHistory history;
-  EXPECT_EQ(AdjustStepLogits(Everything(), state, plan, kVocab, &history, &out).code(),
+  EXPECT_EQ(AdjustStepLogits(Everything(), state, plan, kVocab, &history, nullptr, &out).code(),
             absl::StatusCode::kInternal);
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -20,6 +21,7 @@
 #include "tests/worker/engine/test_draft_channel.h"
 #include "tests/worker/sampling/logit_adjust_reference.h"
 #include "worker/engine/engine.h"
+#include "worker/sampling/grammar.h"
 
 namespace tandem {
 namespace {
@@ -184,6 +186,52 @@ class EngineLogitsTest : public ::testing::Test {
       if (created.ok() && (*created)->lossless()) lossless.push_back(mode);
     }
     return lossless;
+  }
+
+  // Structured output over every lossless mode: each gives AR's constrained tokens, the text is
+  // one the grammar accepts (checked by a cursor of the test's own), and a completion the stop
+  // token ended is whole JSON, which `valid` checks. Returns how many completions were whole.
+  int CheckStructured(Engine& engine, const GrammarSpec& spec, const LogitAdjust& adjust,
+                      int max_tokens, const std::function<void(const nlohmann::json&)>& valid) {
+    std::vector<SequenceRequest> requests;
+    for (const std::string& mode : LosslessModes()) {
+      for (int p = 0; p < kPrompts; ++p) {
+        requests.push_back(Request(mode, p, adjust));
+        requests.back().grammar = spec;
+        requests.back().max_tokens = max_tokens;
+        requests.back().ignore_eos = false;  // the model's EOS ends a whole document
+      }
+    }
+    const auto sinks = Submit(engine, requests);
+    const int vocab = model_->model->config().vocab_size;
+    std::vector<std::string> bytes(static_cast<size_t>(vocab));
+    for (int32_t id = 0; id < vocab; ++id) {
+      if (!model_->tokenizer->IsSpecial(id))
+        bytes[static_cast<size_t>(id)] = *model_->tokenizer->Decode({&id, 1});
+    }
+    const std::vector<int32_t> eos = model_->model->config().eos_token_ids;
+    GrammarCompiler compiler(bytes, vocab, eos);
+    absl::StatusOr<std::shared_ptr<const Grammar>> grammar = compiler.Compile(spec);
+    EXPECT_TRUE(grammar.ok()) << grammar.status();
+    if (!grammar.ok()) return 0;
+    int whole = 0;
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      const int p = static_cast<int>(i) % kPrompts;
+      SCOPED_TRACE(requests[i].mode + " prompt " + std::to_string(p));
+      EXPECT_EQ(sinks[i]->tokens(), sinks[p]->tokens());  // the first kPrompts are ar's
+      std::vector<int32_t> text_tokens = sinks[i]->tokens();
+      const bool stopped = sinks[i]->finish() == FinishReason::kStop;
+      if (stopped && !text_tokens.empty()) text_tokens.pop_back();
+      GrammarCursor cursor(*grammar, eos);
+      EXPECT_TRUE(cursor.MoveTo(text_tokens, {})) << sinks[i]->text();
+      if (!stopped) continue;
+      EXPECT_TRUE(cursor.complete()) << sinks[i]->text();
+      const nlohmann::json parsed = nlohmann::json::parse(sinks[i]->text(), nullptr, false);
+      EXPECT_FALSE(parsed.is_discarded()) << sinks[i]->text();
+      if (!parsed.is_discarded()) valid(parsed);
+      ++whole;
+    }
+    return whole;
   }
 
   static LoadedModel* model_;
@@ -458,44 +506,18 @@ TEST_F(EngineLogitsTest, EchoStreamsThePromptsLogprobs) {
 TEST_F(EngineLogitsTest, JsonModeIsExactInEveryLosslessModeAndStaysJson) {
   auto engine = MakeEngine();
   ASSERT_NE(engine, nullptr);
-  const std::vector<std::string> lossless = LosslessModes();
-  std::vector<SequenceRequest> requests;
-  for (const std::string& mode : lossless) {
-    for (int p = 0; p < kPrompts; ++p) {
-      requests.push_back(Request(mode, p, {}));
-      requests.back().json_object = true;
-      requests.back().ignore_eos = false;  // the model's EOS ends a complete object
-    }
-  }
-  const auto sinks = Submit(*engine, requests);
-  int complete = 0;
-  for (size_t i = 0; i < sinks.size(); ++i) {
-    const int p = static_cast<int>(i) % kPrompts;
-    SCOPED_TRACE(requests[i].mode + " prompt " + std::to_string(p));
-    EXPECT_EQ(sinks[i]->tokens(), sinks[p]->tokens());  // the first kPrompts are ar's
-    JsonPrefix json;
-    std::string text;
-    for (int32_t token : sinks[i]->tokens()) {
-      absl::StatusOr<std::string> bytes = model_->tokenizer->Decode({&token, 1});
-      ASSERT_TRUE(bytes.ok());
-      if (sinks[i]->finish() == FinishReason::kStop && token == sinks[i]->tokens().back()) break;
-      text += *bytes;
-      EXPECT_TRUE(json.FeedAll(*bytes)) << text;
-    }
-    if (sinks[i]->finish() == FinishReason::kStop) {
-      EXPECT_TRUE(json.complete()) << text;
-      EXPECT_FALSE(nlohmann::json::parse(text, nullptr, false).is_discarded()) << text;
-      ++complete;
-    }
-  }
-  RecordProperty("complete_objects", complete);
+  const GrammarSpec object{.kind = GrammarSpec::Kind::kJsonObject};
+  const int whole = CheckStructured(*engine, object, {}, kNewTokens, [](const nlohmann::json& j) {
+    EXPECT_TRUE(j.is_object()) << j.dump();
+  });
+  RecordProperty("complete_objects", whole);
 
   // A bias toward '}' closes the object at once: then only the end of the sequence may follow.
   const std::optional<int32_t> close = model_->tokenizer->TokenId("}");
   ASSERT_TRUE(close.has_value());
   for (const char* mode : {"ar", "spec"}) {
     SequenceRequest r = Request(mode, 0, {});
-    r.json_object = true;
+    r.grammar = object;
     r.ignore_eos = false;
     r.adjust.logit_bias = {{*close, 100.0f}};
     const auto closed = Submit(*engine, {r});
@@ -506,22 +528,52 @@ TEST_F(EngineLogitsTest, JsonModeIsExactInEveryLosslessModeAndStaysJson) {
   }
 
   SequenceRequest lossy = Request("diffusion", 0, {});
-  lossy.json_object = true;
+  lossy.grammar = object;
   lossy.ignore_eos = false;
   absl::StatusOr<uint64_t> id = engine->Submit(lossy, std::make_shared<CollectingSink>());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   // Nothing could end the completion once the object closes.
   SequenceRequest endless = Request("ar", 0, {});
-  endless.json_object = true;
+  endless.grammar = object;
   id = engine->Submit(endless, std::make_shared<CollectingSink>());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("stop_token_ids"), std::string::npos) << id.status();
   SequenceRequest held = Request("ar", 0, {.min_tokens = 4});
-  held.json_object = true;
+  held.grammar = object;
   held.ignore_eos = false;
   id = engine->Submit(held, std::make_shared<CollectingSink>());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("min_tokens"), std::string::npos) << id.status();
+}
+
+// A JSON schema with every logit adjustment on: each lossless mode reproduces AR exactly, and
+// every completion the stop token ended validates against the schema.
+TEST_F(EngineLogitsTest, JsonSchemaIsExactInEveryLosslessModeAndValidates) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  const GrammarSpec schema{.kind = GrammarSpec::Kind::kJsonSchema, .text = R"({
+      "type": "object",
+      "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]},
+                     "n": {"type": "integer"}},
+      "required": ["ok", "level", "n"]})"};
+  const int whole = CheckStructured(*engine, schema, Adjust(), 160, [](const nlohmann::json& j) {
+    ASSERT_TRUE(j.is_object()) << j.dump();
+    EXPECT_EQ(j.size(), 3u) << j.dump();
+    EXPECT_TRUE(j.contains("ok") && j["ok"].is_boolean()) << j.dump();
+    EXPECT_TRUE(j.contains("level") && (j["level"] == "low" || j["level"] == "high")) << j.dump();
+    // An integer, as JSON Schema counts them: no fraction (a long one parses as a double).
+    EXPECT_TRUE(j.contains("n") && j["n"].is_number() &&
+                std::trunc(j["n"].get<double>()) == j["n"].get<double>())
+        << j.dump();
+  });
+  RecordProperty("complete_documents", whole);
+  EXPECT_GT(whole, 0) << "no completion reached the end of the schema";
+
+  SequenceRequest bad = Request("ar", 0, {});
+  bad.ignore_eos = false;
+  bad.grammar = GrammarSpec{.kind = GrammarSpec::Kind::kJsonSchema, .text = R"({"type": 5})"};
+  absl::StatusOr<uint64_t> id = engine->Submit(bad, std::make_shared<CollectingSink>());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
 }
 
 }  // namespace
