@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "httplib.h"
 #include "services/router/http_openai.h"
+#include "services/router/http_tools.h"
 
 namespace tandem {
 
@@ -141,7 +142,8 @@ struct SseStream {
   bool role_sent = false;
   std::string finish_reason;
   std::vector<v1::Usage> usages;
-  int64_t text_offset = 0;  // completions' logprobs text_offset of the next token
+  int64_t text_offset = 0;          // completions' logprobs text_offset of the next token
+  http::ToolCallStream tool_calls;  // chat with tools (meta.tool_calls): calls out of the text
 
   // Writes what the next upstream message gives; false when the client is gone.
   bool Next(httplib::DataSink& sink) {
@@ -175,8 +177,18 @@ struct SseStream {
       if (!message.text().empty() || (meta.logprobs && message.logprobs_size() > 0)) {
         nlohmann::json logprobs =
             meta.logprobs ? http::LogprobsJson(api, message.logprobs(), &text_offset) : nullptr;
-        out += http::SseEvent(http::ContentChunk(api, meta, message.text(), "", include_usage,
-                                                 std::move(logprobs), index));
+        if (meta.tool_calls) {
+          std::vector<nlohmann::json> deltas = tool_calls.Push(message.text());
+          if (deltas.empty() && !logprobs.is_null()) deltas.push_back({{"content", ""}});
+          for (nlohmann::json& delta : deltas) {
+            out += http::SseEvent(http::DeltaChunk(meta, std::move(delta), include_usage,
+                                                   std::move(logprobs), index));
+            logprobs = nullptr;
+          }
+        } else {
+          out += http::SseEvent(http::ContentChunk(api, meta, message.text(), "", include_usage,
+                                                   std::move(logprobs), index));
+        }
       }
       if (!message.finish_reason().empty()) {
         finish_reason = message.finish_reason();
@@ -192,12 +204,20 @@ struct SseStream {
       sink.done();
       return true;
     }
+    if (meta.tool_calls) {
+      for (nlohmann::json& delta : tool_calls.Finish()) {
+        out +=
+            http::SseEvent(http::DeltaChunk(meta, std::move(delta), include_usage, nullptr, index));
+      }
+      if (tool_calls.called() && finish_reason == "stop") finish_reason = "tool_calls";
+    }
     out += http::SseEvent(
         http::ContentChunk(api, meta, "", finish_reason, include_usage, nullptr, index));
     if (++current < calls.size()) {  // the next choice
       role_sent = false;
       text_offset = 0;
       finish_reason.clear();
+      tool_calls = http::ToolCallStream();
       return sink.write(out.data(), out.size());
     }
     if (include_usage) out += http::SseEvent(http::UsageChunk(api, meta, http::TotalUsage(usages)));
@@ -294,8 +314,9 @@ class Handlers {
     http::ResponseMeta meta{.id = http::NewResponseId(api),
                             .created = static_cast<int64_t>(std::time(nullptr)),
                             .model = model != nullptr ? model->id() : request.model(),
-                            .logprobs = request.logprobs()};  // as asked: best_of's own
-                                                              // ranking logprobs stay hidden
+                            .logprobs = request.logprobs(),
+                            .tool_calls = parsed->tool_calls};  // as asked: best_of's own
+                                                                // ranking logprobs stay hidden
     request.set_request_id(meta.id);
 
     // One call per completion (best_of of them): they share the prompt's KV when they land on

@@ -12,21 +12,25 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/router/http_tools.h"
+#include "worker/sampling/grammar.h"
 #include "worker/sampling/logit_adjust.h"
 
 namespace tandem::http {
 
 namespace {
-
-using nlohmann::json;
-
 constexpr char kParamPayload[] = "tandem.http/param";
+}  // namespace
 
 absl::Status BadParam(const std::string& param, const std::string& message) {
   absl::Status status = absl::InvalidArgumentError(message);
   status.SetPayload(kParamPayload, absl::Cord(param));
   return status;
 }
+
+namespace {
+
+using nlohmann::json;
 
 // A present, non-null member, or nullptr.
 const json* Member(const json& object, const char* name) {
@@ -162,23 +166,43 @@ absl::Status ParseMessages(const json& body, v1::GenerateRequest* request) {
     std::string role_name = role->get<std::string>();
     // OpenAI's newer name for the system role.
     if (role_name == "developer") role_name = "system";
-    if (role_name != "system" && role_name != "user" && role_name != "assistant") {
+    if (role_name != "system" && role_name != "user" && role_name != "assistant" &&
+        role_name != "tool") {
       return BadParam(param + ".role",
                       absl::StrCat(param, ".role '", role_name,
-                                   "' is not supported; use system, user or assistant"));
+                                   "' is not supported; use system, user, assistant or tool"));
     }
     absl::StatusOr<std::string> content = MessageContent(message, i);
     if (!content.ok()) return content.status();
     v1::ChatMessage* out = chat->add_messages();
+    // An assistant's earlier calls and a tool's answer, for the chat template.
+    if (const json* calls = Member(message, "tool_calls"); calls != nullptr) {
+      if (role_name != "assistant" || !calls->is_array()) {
+        return BadParam(param + ".tool_calls",
+                        param + ".tool_calls must be a list, on an assistant message");
+      }
+      out->set_tool_calls(calls->dump());
+    }
+    if (role_name == "tool") {
+      const json* id = Member(message, "tool_call_id");
+      if (id == nullptr || !id->is_string()) {
+        return BadParam(param + ".tool_call_id",
+                        param + ".tool_call_id (a string) is required on a tool message");
+      }
+      out->set_tool_call_id(id->get<std::string>());
+    }
     out->set_role(std::move(role_name));
     out->set_content(std::move(*content));
   }
   return absl::OkStatus();
 }
 
-// Parameters Tandem does not implement: refused when they ask for something.
-absl::Status RefuseUnsupported(const json& body) {
-  for (const char* name : {"tools", "functions", "tool_choice", "function_call", "suffix"}) {
+// Parameters Tandem does not implement (or not for this API: tools are chat's): refused when
+// they ask for something.
+absl::Status RefuseUnsupported(Api api, const json& body) {
+  std::vector<const char*> names = {"functions", "function_call", "suffix"};
+  if (api == Api::kCompletions) names.insert(names.end(), {"tools", "tool_choice"});
+  for (const char* name : names) {
     const json* value = Member(body, name);
     if (value == nullptr) continue;
     const bool off = (value->is_boolean() && !value->get<bool>()) ||
@@ -239,7 +263,9 @@ absl::Status ParseLogitBias(const json& body, v1::SamplingParams* sampling) {
   return absl::OkStatus();
 }
 
-// response_format: {"type": "text"} (the default) or {"type": "json_object"} (JSON mode).
+// response_format: {"type": "text"} (the default), {"type": "json_object"} (JSON mode),
+// {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}, or the extension
+// {"type": "structural_tag", "format": {...}} (xgrammar's structural tag).
 absl::Status ParseResponseFormat(const json& body, v1::GenerateRequest* request) {
   const json* format = Member(body, "response_format");
   if (format == nullptr) return absl::OkStatus();
@@ -247,15 +273,34 @@ absl::Status ParseResponseFormat(const json& body, v1::GenerateRequest* request)
     return BadParam("response_format", "response_format must be {\"type\": ...}");
   }
   const std::string type = (*format)["type"].get<std::string>();
+  v1::ResponseFormat* out = request->mutable_response_format();
   if (type == "json_schema") {
+    const json* spec = Member(*format, "json_schema");
+    const json* schema = spec != nullptr && spec->is_object() ? Member(*spec, "schema") : nullptr;
+    if (schema == nullptr || !(schema->is_object() || schema->is_boolean())) {
+      return BadParam("response_format.json_schema.schema",
+                      "response_format json_schema needs json_schema.schema, a JSON Schema");
+    }
+    out->set_schema(Dump(*schema));
+  } else if (type == "structural_tag") {
+    const json* tag_format = Member(*format, "format");
+    if (tag_format == nullptr || !tag_format->is_object()) {
+      return BadParam("response_format.format",
+                      "response_format structural_tag needs format, a structural tag object");
+    }
+    out->set_schema(Dump(json{{"type", "structural_tag"}, {"format", *tag_format}}));
+  } else if (type != "text" && type != "json_object") {
     return BadParam("response_format",
-                    "response_format json_schema is not supported yet; json_object is");
+                    absl::StrCat("response_format type '", type,
+                                 "' is not supported (text, json_object, json_schema or "
+                                 "structural_tag)"));
   }
-  if (type != "text" && type != "json_object") {
-    return BadParam("response_format", absl::StrCat("response_format type '", type,
-                                                    "' is not supported (text or json_object)"));
+  if (out->schema().size() > kMaxGrammarBytes) {
+    return BadParam("response_format",
+                    absl::StrCat("response_format's schema has ", out->schema().size(),
+                                 " bytes; at most ", kMaxGrammarBytes));
   }
-  request->mutable_response_format()->set_type(type);
+  out->set_type(type);
   return absl::OkStatus();
 }
 
@@ -379,7 +424,7 @@ absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
   absl::Status input =
       api == Api::kChat ? ParseMessages(body, &request) : ParsePrompt(body, &request);
   if (!input.ok()) return input;
-  if (absl::Status refused = RefuseUnsupported(body); !refused.ok()) return refused;
+  if (absl::Status refused = RefuseUnsupported(api, body); !refused.ok()) return refused;
 
   // Chat clients send max_completion_tokens (max_tokens is deprecated there).
   const int32_t int_max = std::numeric_limits<int32_t>::max();
@@ -418,6 +463,11 @@ absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
   if (absl::Status logprobs = ParseLogprobs(api, body, &request); !logprobs.ok()) return logprobs;
   if (absl::Status choices = ParseChoices(api, body, parsed); !choices.ok()) return choices;
   if (absl::Status format = ParseResponseFormat(body, &request); !format.ok()) return format;
+  if (api == Api::kChat) {
+    absl::StatusOr<bool> tools = ParseTools(body, &request);
+    if (!tools.ok()) return tools.status();
+    parsed->tool_calls = *tools;
+  }
   if (absl::Status stop = ParseStop(body, &request); !stop.ok()) return stop;
   if (const json* ignore_eos = Member(body, "ignore_eos"); ignore_eos != nullptr) {
     if (!ignore_eos->is_boolean())
@@ -685,7 +735,18 @@ json FinalResponse(Api api, const ResponseMeta& meta, const std::vector<Collecte
         {"index", i},
         {"logprobs", meta.logprobs ? LogprobsJson(api, logprobs, &text_offset) : json(nullptr)},
         {"finish_reason", FinishReason(collected.finish_reason)}};
-    if (api == Api::kChat) {
+    if (api == Api::kChat && meta.tool_calls) {
+      ParsedToolCalls parsed = ParseToolCalls(collected.text);
+      json calls = json::array();
+      for (const ToolCall& call : parsed.calls) calls.push_back(ToolCallJson(call));
+      choice["message"] = {
+          {"role", "assistant"},
+          {"content", parsed.content.empty() ? json(nullptr) : json(parsed.content)}};
+      if (!calls.empty()) {
+        choice["message"]["tool_calls"] = std::move(calls);
+        if (collected.finish_reason == "stop") choice["finish_reason"] = "tool_calls";
+      }
+    } else if (api == Api::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", collected.text}};
     } else {
       choice["text"] = PromptText(collected.prompt_logprobs) + collected.text;
@@ -714,6 +775,17 @@ json ContentChunk(Api api, const ResponseMeta& meta, const std::string& content,
     choice["text"] = content;
   }
   chunk["choices"] = json::array({std::move(choice)});
+  if (include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+json DeltaChunk(const ResponseMeta& meta, json delta, bool include_usage, json logprobs,
+                int index) {
+  json chunk = Base(Api::kChat, meta, /*chunk=*/true);
+  chunk["choices"] = json::array({json{{"index", index},
+                                       {"delta", std::move(delta)},
+                                       {"logprobs", std::move(logprobs)},
+                                       {"finish_reason", nullptr}}});
   if (include_usage) chunk["usage"] = nullptr;
   return chunk;
 }

@@ -4,9 +4,9 @@
 // here, so the format is testable on its own; http_front.h serves it.
 //
 // Extensions beyond OpenAI's parameters: `mode` (a decoding mode: ar, spec, ...), `top_k`, `min_p`
-// and `stop_token_ids`. Parameters Tandem cannot honour (a json_schema response format, tools and
-// tool_choice) are refused with 400 rather than silently ignored (docs/HTTP_API.md lists them
-// all).
+// and `stop_token_ids`, a structural_tag response format. Tools are http_tools.h's. Parameters
+// Tandem cannot honour (functions, function_call, suffix) are refused with 400 rather than
+// silently ignored (docs/HTTP_API.md lists them all).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -41,6 +41,7 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage: one more chunk with usage
   bool max_tokens_set = false;  // false: the caller picks the default (it knows the context)
+  bool tool_calls = false;      // tools are in play: the text is parsed for calls (http_tools.h)
 };
 
 // Parses a request body. InvalidArgument for malformed JSON, a wrong type or an unsupported
@@ -49,6 +50,8 @@ absl::StatusOr<ParsedRequest> ParseRequest(Api api, std::string_view body);
 
 // The parameter an error from ParseRequest is about, "" when none.
 std::string ParamOf(const absl::Status& status);
+// An InvalidArgument about `param` (ParamOf returns it).
+absl::Status BadParam(const std::string& param, const std::string& message);
 
 // What every response object of one request shares.
 struct ResponseMeta {
@@ -56,6 +59,9 @@ struct ResponseMeta {
   int64_t created = 0;  // Unix seconds
   std::string model;
   bool logprobs = false;  // the request asked for logprobs: choices carry them (else null)
+  // Chat with tools: a choice's text becomes content and tool_calls (finish_reason
+  // "tool_calls" when a call ended it).
+  bool tool_calls = false;
 };
 
 // A fresh response id for `api` ("cmpl-" or "chatcmpl-" and 24 random hex digits).
@@ -94,6 +100,9 @@ nlohmann::json ContentChunk(Api api, const ResponseMeta& meta, const std::string
                             const std::string& finish_reason, bool include_usage,
                             nlohmann::json logprobs = nullptr, int index = 0);
 nlohmann::json RoleChunk(const ResponseMeta& meta, bool include_usage, int index = 0);
+// A chat chunk with the given delta ({"content": ...} or {"tool_calls": [...]}).
+nlohmann::json DeltaChunk(const ResponseMeta& meta, nlohmann::json delta, bool include_usage,
+                          nlohmann::json logprobs = nullptr, int index = 0);
 nlohmann::json UsageChunk(Api api, const ResponseMeta& meta, const v1::Usage& usage);
 
 // JSON text; invalid UTF-8 (which only a client's own bytes can carry, e.g. quoted in a parse

@@ -350,12 +350,15 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
       }
       for (const v1::ChatMessage& message : request.chat().messages()) {
         if (message.role() != "system" && message.role() != "user" &&
-            message.role() != "assistant") {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "chat message role must be system, user or assistant, got '", message.role(), "'"));
+            message.role() != "assistant" && message.role() != "tool") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("chat message role must be system, user, assistant or tool, got '",
+                           message.role(), "'"));
         }
-        out.chat.push_back(ChatTurn{message.role(), message.content()});
+        out.chat.push_back(ChatTurn{message.role(), message.content(), message.tool_calls(),
+                                    message.tool_call_id()});
       }
+      out.chat_tools = request.chat().tools();
       break;
     case v1::GenerateRequest::kTokenIds:
       if (request.token_ids().ids().empty()) {

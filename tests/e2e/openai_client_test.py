@@ -2,7 +2,8 @@
 """End-to-end: the official OpenAI Python client against a local cluster started with `tandem up`.
 
 Completions and chat, whole and streamed, the model list, penalties and logit bias (lossless
-modes exact with them), logprobs (both shapes, every lossless mode AR's), echo (scoring a prompt), JSON mode, n
+modes exact with them), logprobs (both shapes, every lossless mode AR's), echo (scoring a prompt),
+JSON mode, json_schema (valid in every lossless mode), tool calls (parsed, whole and streamed), n
 choices and best_of, and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
 the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
 
@@ -19,12 +20,30 @@ import threading
 import unittest
 
 try:
+    import jsonschema
     import openai
 except ImportError:  # reported by the test class below
     openai = None
 
 ARGS = None
 KEY = "e2e-key"
+# Every lossless mode the bundled models serve.
+LOSSLESS_MODES = ("ar", "spec", "jacobi", "self_spec", "self_spec_quadratic", "isd")
+RATING = {"type": "object",
+          "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]},
+                         "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+          "required": ["ok", "level", "score"]}
+PARAMETERS = {
+    "get_weather": {"type": "object",
+                    "properties": {"city": {"enum": ["Paris", "Tokyo"]},
+                                   "unit": {"enum": ["c", "f"]}},
+                    "required": ["city", "unit"]},
+    "get_time": {"type": "object", "properties": {"utc": {"type": "boolean"}},
+                 "required": ["utc"]},
+}
+TOOLS = [{"type": "function",
+          "function": {"name": name, "description": f"{name} now", "parameters": parameters}}
+         for name, parameters in PARAMETERS.items()]
 MODEL = "tandem-target"
 PROMPT = "def fibonacci(n):"
 
@@ -64,8 +83,8 @@ def start_cluster(tandem):
             return process, base_url
 
 
-@unittest.skipIf(openai is None, "the openai package is not installed: run scripts/setup.sh "
-                 "--e2e and use .venv-e2e/bin/python")
+@unittest.skipIf(openai is None, "the openai or jsonschema package is not installed: run "
+                 "scripts/setup.sh --e2e and use .venv-e2e/bin/python")
 class OpenAIClientTest(unittest.TestCase):
 
     @classmethod
@@ -234,12 +253,101 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertTrue(texts["ar"].startswith("{"), texts["ar"])
         self.assertEqual(texts["spec"], texts["ar"])
         self.assertEqual(texts["jacobi"], texts["ar"])
+
+    def test_json_schema_validates_in_every_lossless_mode(self):
+        messages = [{"role": "user", "content": "Rate the weather as JSON."}]
+        texts = {}
+        for mode in LOSSLESS_MODES:
+            response = self.client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=200, temperature=0,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "rating", "schema": RATING,
+                                                 "strict": True}},
+                extra_body={"mode": mode})
+            choice = response.choices[0]
+            self.assertEqual(choice.finish_reason, "stop", f"{mode}: {choice.message.content!r}")
+            jsonschema.validate(json.loads(choice.message.content), RATING)
+            texts[mode] = choice.message.content
+        for mode, text in texts.items():
+            self.assertEqual(text, texts["ar"], mode)
+        # Sampled, too: still valid.
+        sampled = self.client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=200, temperature=0.8, seed=7,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "rating", "schema": RATING}},
+            extra_body={"mode": "spec"})
+        jsonschema.validate(json.loads(sampled.choices[0].message.content), RATING)
         with self.assertRaises(openai.BadRequestError) as caught:
             self.client.chat.completions.create(
                 model=MODEL, messages=messages, max_tokens=4,
+                response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+        self.assertEqual(caught.exception.param, "response_format.json_schema.schema")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=4, extra_body={"mode": "diffusion"},
                 response_format={"type": "json_schema",
-                                 "json_schema": {"name": "x", "schema": {"type": "object"}}})
-        self.assertEqual(caught.exception.param, "response_format")
+                                 "json_schema": {"name": "x", "schema": RATING}})
+        self.assertIn("lossless", caught.exception.message)
+
+    def test_tools_return_parsed_calls(self):
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+        def ask(mode="ar", max_tokens=200, **kwargs):
+            return self.client.chat.completions.create(
+                model=MODEL, messages=messages, tools=TOOLS, max_tokens=max_tokens, temperature=0,
+                extra_body={"mode": mode}, **kwargs)
+
+        calls = {}
+        for mode in LOSSLESS_MODES:
+            choice = ask(mode, tool_choice="required", parallel_tool_calls=False).choices[0]
+            self.assertEqual(choice.finish_reason, "tool_calls", f"{mode}: {choice.message!r}")
+            self.assertIsNone(choice.message.content)
+            self.assertEqual(len(choice.message.tool_calls), 1)
+            call = choice.message.tool_calls[0]
+            self.assertTrue(call.id.startswith("call_"))
+            self.assertEqual(call.type, "function")
+            self.assertIn(call.function.name, PARAMETERS)
+            jsonschema.validate(json.loads(call.function.arguments),
+                                PARAMETERS[call.function.name])
+            calls[mode] = (call.function.name, call.function.arguments)
+        for mode, call in calls.items():
+            self.assertEqual(call, calls["ar"], mode)
+
+        named = ask(tool_choice={"type": "function", "function": {"name": "get_time"}})
+        self.assertEqual([c.function.name for c in named.choices[0].message.tool_calls],
+                         ["get_time"])
+        jsonschema.validate(json.loads(named.choices[0].message.tool_calls[0].function.arguments),
+                            PARAMETERS["get_time"])
+
+        # Streamed: the same call, whole in one delta, and finish_reason tool_calls.
+        streamed, finish = [], None
+        for chunk in ask(tool_choice="required", parallel_tool_calls=False, stream=True):
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            streamed.extend(delta.tool_calls or [])
+            finish = chunk.choices[0].finish_reason or finish
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual([(c.function.name, c.function.arguments) for c in streamed],
+                         [calls["ar"]])
+        self.assertEqual(streamed[0].index, 0)
+
+        # none: text, no calls. A follow-up turn with the call and its answer is accepted.
+        plain = ask(tool_choice="none", max_tokens=8).choices[0]
+        self.assertIsNone(plain.message.tool_calls)
+        self.assertIsInstance(plain.message.content, str)
+        follow = self.client.chat.completions.create(
+            model=MODEL, max_tokens=8, temperature=0, tools=TOOLS, extra_body={"mode": "ar"},
+            messages=messages + [
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather",
+                                  "arguments": json.dumps({"city": "Paris", "unit": "c"})}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"}])
+        self.assertEqual(follow.choices[0].message.role, "assistant")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            ask(tool_choice={"type": "function", "function": {"name": "nope"}})
+        self.assertEqual(caught.exception.param, "tool_choice")
 
     def test_n_choices_are_reproducible_and_best_of_ranks(self):
         def three():

@@ -73,6 +73,7 @@ struct SequenceRequest {
   // Exactly one input: text, chat turns (ChatML template) or token ids.
   std::string prompt;
   std::vector<ChatTurn> chat;
+  std::string chat_tools;  // with `chat`: the tools, a JSON array (worker/template/chat_tools.h)
   std::vector<int32_t> prompt_ids;
   // Completion tokens already streamed by a previous worker (migration); not streamed again.
   std::vector<int32_t> committed;

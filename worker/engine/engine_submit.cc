@@ -125,7 +125,7 @@ absl::StatusOr<std::shared_ptr<EngineSequence>> Engine::Impl::BuildSequence(
   } else {
     std::string text = request.prompt;
     if (!request.chat.empty()) {
-      TANDEM_ASSIGN_OR_RETURN(text, ApplyChat(*model_, request.chat));
+      TANDEM_ASSIGN_OR_RETURN(text, ApplyChat(*model_, request.chat, request.chat_tools));
     }
     TANDEM_ASSIGN_OR_RETURN(seq->tokens, model_->tokenizer->Encode(text));
     if (seq->tokens.empty()) return absl::InvalidArgumentError("prompt encodes to no tokens");

@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "worker/decoding/drafter.h"
 #include "worker/decoding/runner.h"
+#include "worker/template/chat_tools.h"
 
 namespace tandem {
 
@@ -20,9 +21,15 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOpt
   return loaded;
 }
 
-absl::StatusOr<std::string> ApplyChat(const LoadedModel& model, std::span<const ChatTurn> turns) {
-  if (model.chat_template == nullptr) return ApplyChatMl(turns);
-  absl::StatusOr<std::string> text = model.chat_template->Apply(turns);
+absl::StatusOr<std::string> ApplyChat(const LoadedModel& model, std::span<const ChatTurn> turns,
+                                      std::string_view tools) {
+  if (model.chat_template == nullptr) {
+    const bool calls = std::any_of(turns.begin(), turns.end(),
+                                   [](const ChatTurn& t) { return !t.tool_calls.empty(); });
+    if (tools.empty() && !calls) return ApplyChatMl(turns);
+    return ApplyChatMlWithTools(turns, tools.empty() ? "[]" : tools);
+  }
+  absl::StatusOr<std::string> text = model.chat_template->Apply(turns, true, tools);
   if (!text.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the model's chat template refused the conversation: ", text.status().message()));

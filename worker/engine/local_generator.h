@@ -70,8 +70,10 @@ struct LoadedModel {
 absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device = {});
 
 // The prompt text of a chat: the model's chat template with a generation prompt, or ChatML
-// when it has none. InvalidArgument when the template refuses the conversation.
-absl::StatusOr<std::string> ApplyChat(const LoadedModel& model, std::span<const ChatTurn> turns);
+// when it has none; `tools` (a JSON array, "" for none) as worker/template/chat_tools.h says.
+// InvalidArgument when the template refuses the conversation.
+absl::StatusOr<std::string> ApplyChat(const LoadedModel& model, std::span<const ChatTurn> turns,
+                                      std::string_view tools = "");
 
 // Loads the PEFT LoRA adapter in `dir` (adapter_config.json, adapter_model.safetensors) onto
 // `model`. Modes run it only where they gate it (ModeOptions::lora_drafts).

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "worker/template/chat_tools.h"
 #include "worker/template/render.h"
 
 namespace tandem {
@@ -93,12 +94,17 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromSource(absl::str
 }
 
 absl::StatusOr<std::string> ChatTemplate::Apply(std::span<const ChatTurn> turns,
-                                                bool add_generation_prompt) const {
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  for (const ChatTurn& turn : turns) {
-    messages.push_back({{"role", turn.role}, {"content", turn.content}});
+                                                bool add_generation_prompt,
+                                                std::string_view tools) const {
+  absl::StatusOr<nlohmann::ordered_json> messages = ChatMessagesJson(turns);
+  if (!messages.ok()) return messages.status();
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  if (!tools.empty()) {
+    absl::StatusOr<nlohmann::ordered_json> list = ChatToolsJson(tools);
+    if (!list.ok()) return list.status();
+    extra["tools"] = *std::move(list);
   }
-  return Apply(messages, add_generation_prompt, nlohmann::ordered_json::object());
+  return Apply(*messages, add_generation_prompt, extra);
 }
 
 absl::StatusOr<std::string> ChatTemplate::Apply(const nlohmann::ordered_json& messages,

@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
@@ -29,10 +30,12 @@ class ChatTemplate {
                                                                   std::string bos_token,
                                                                   std::string eos_token);
 
-  // The prompt for `turns`; InvalidArgument for what the template refuses (its
-  // raise_exception message) or a template error.
+  // The prompt for `turns` (worker/template/chat_tools.h: tool calls and answers) with `tools`
+  // (a JSON array, "" for none); InvalidArgument for what the template refuses (its
+  // raise_exception message), a template error, or tools / tool calls that are no JSON array.
   absl::StatusOr<std::string> Apply(std::span<const ChatTurn> turns,
-                                    bool add_generation_prompt = true) const;
+                                    bool add_generation_prompt = true,
+                                    std::string_view tools = "") const;
   // The same over JSON messages (OpenAI's shape) and extra variables (an object: tools, ...).
   // Ordered JSON, so that objects keep their keys' order as Python's dicts do (tojson prints
   // them in that order).

@@ -63,6 +63,8 @@ class IncrementalDetokenizer {
 struct ChatTurn {
   std::string role;
   std::string content;
+  std::string tool_calls;    // an assistant turn's calls: a JSON array in OpenAI's shape, or ""
+  std::string tool_call_id;  // a tool turn's: the call it answers
 };
 
 // ChatML as used by the Qwen family:
