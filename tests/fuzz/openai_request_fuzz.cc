@@ -3,7 +3,9 @@
 // refuse (InvalidArgument naming the parameter), never crash or hang. A body that parses becomes
 // a GenerateRequest that the router's checks take as they take a gRPC request, and that
 // survives the wire: serialised and decoded as the router's raw Generate method decodes it
-// (services/router/request_decode.h), it is the same message.
+// (services/router/request_decode.h), it is the same message. The body is also read as a
+// completion's text for tool calls (services/router/http_tools.h), whole and streamed in two
+// pieces: both must find the same calls.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include "grpcpp/support/slice.h"
 #include "router/request_check.h"
 #include "services/router/http_openai.h"
+#include "services/router/http_tools.h"
 #include "services/router/request_decode.h"
 
 namespace {
@@ -36,6 +39,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const tandem::http::Api api =
       data[0] % 2 == 0 ? tandem::http::Api::kCompletions : tandem::http::Api::kChat;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+
+  const tandem::http::ParsedToolCalls calls = tandem::http::ParseToolCalls(body);
+  tandem::http::ToolCallStream stream;
+  size_t streamed = 0;
+  const size_t half = body.size() / 2;
+  for (const std::string_view piece : {body.substr(0, half), body.substr(half)}) {
+    for (const nlohmann::json& delta : stream.Push(piece)) streamed += delta.contains("tool_calls");
+  }
+  for (const nlohmann::json& delta : stream.Finish()) streamed += delta.contains("tool_calls");
+  if (streamed != calls.calls.size()) {
+    Fail("streamed tool calls differ from whole",
+         std::to_string(streamed) + " vs " + std::to_string(calls.calls.size()));
+  }
+
   absl::StatusOr<tandem::http::ParsedRequest> parsed = tandem::http::ParseRequest(api, body);
   if (!parsed.ok()) {
     if (!absl::IsInvalidArgument(parsed.status())) {
