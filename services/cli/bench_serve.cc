@@ -326,8 +326,10 @@ int RunBenchServe(const BenchServeArgs& args) {
   absl::StatusOr<v1::ListModelsResponse> models = WaitForModels(*stub, address, kReadyTimeout);
   if (!models.ok()) return fail(models.status());
   const auto& served = models->models(0).modes();
-  auto is_served = [&served](const std::string& mode) {
-    return mode == "auto" || std::find(served.begin(), served.end(), mode) != served.end();
+  auto is_served = [&served](const std::string& variant) {
+    absl::StatusOr<ModeVariant> v = ParseModeVariant(variant);
+    if (!v.ok()) return false;
+    return v->mode == "auto" || std::find(served.begin(), served.end(), v->mode) != served.end();
   };
   std::vector<std::string> modes = args.modes;
   if (modes.empty()) {
@@ -344,6 +346,7 @@ int RunBenchServe(const BenchServeArgs& args) {
         modes.begin() + static_cast<std::ptrdiff_t>(i)) {
       return fail(absl::InvalidArgumentError(absl::StrCat("mode '", mode, "' is listed twice")));
     }
+    if (absl::StatusOr<ModeVariant> v = ParseModeVariant(mode); !v.ok()) return fail(v.status());
     if (!is_served(mode)) {
       return fail(absl::InvalidArgumentError(absl::StrCat("mode '", mode, "' is not served by ",
                                                           address, " (it serves: auto, ",
@@ -412,6 +415,7 @@ int RunBenchServe(const BenchServeArgs& args) {
       cells.push_back({.mode = mode, .concurrency = concurrency});
   }
   std::vector<AutoVsBest> ratios;
+  std::vector<FormatCost> format_costs;  // the MODE@FORMAT variants against their MODE
   bool broken = false;
   for (size_t l = 0; l < args.concurrency.size(); ++l) {
     const int concurrency = args.concurrency[l];
@@ -473,6 +477,7 @@ int RunBenchServe(const BenchServeArgs& args) {
     if (std::optional<AutoVsBest> ratio = CompareAutoWithBest(at_level, args.threshold)) {
       ratios.push_back(*ratio);
     }
+    for (FormatCost& cost : CompareFormatsWithBase(at_level)) format_costs.push_back(cost);
   }
 
   nlohmann::json j = {
@@ -500,6 +505,17 @@ int RunBenchServe(const BenchServeArgs& args) {
   };
   j["levels"] = nlohmann::json::array();
   for (const ServeCell& c : cells) j["levels"].push_back(CellJson(c));
+  j["structured_output_cost"] = nlohmann::json::array();
+  for (const FormatCost& c : format_costs) {
+    j["structured_output_cost"].push_back({{"concurrency", c.concurrency},
+                                           {"variant", c.variant},
+                                           {"variant_tokens_per_second", c.variant_tps},
+                                           {"base", c.base},
+                                           {"base_tokens_per_second", c.base_tps},
+                                           {"ratio", c.ratio},
+                                           {"paired_ratios", c.paired_ratios},
+                                           {"paired_ratio_median", c.paired_median}});
+  }
   j["auto_vs_best"] = nlohmann::json::array();
   for (const AutoVsBest& r : ratios) {
     j["auto_vs_best"].push_back({{"concurrency", r.concurrency},
@@ -534,6 +550,23 @@ int RunBenchServe(const BenchServeArgs& args) {
         "comparison.\n",
         args.rounds, args.rounds == 1 ? "" : "s", args.pair_rounds,
         args.pair_rounds == 1 ? "" : "s");
+  }
+  if (!args.json && !format_costs.empty()) {
+    std::printf(
+        "\n| C | variant | tokens/s (median) | free text | its tokens/s (median) | variant / "
+        "free text (medians) | paired per round (median) |\n|---|---|---|---|---|---|---|\n");
+    for (const FormatCost& c : format_costs) {
+      std::vector<std::string> paired;
+      for (double p : c.paired_ratios) paired.push_back(absl::StrFormat("%.2f", p));
+      std::printf("| %d | %s | %.1f | %s | %.1f | %.3f | %s (%.3f) |\n", c.concurrency,
+                  c.variant.c_str(), c.variant_tps, c.base.c_str(), c.base_tps, c.ratio,
+                  absl::StrJoin(paired, ", ").c_str(), c.paired_median);
+    }
+    std::printf(
+        "\nvariant MODE@FORMAT = MODE with structured output (json_object, or json_schema: %s); "
+        "its windows run interleaved with MODE's, so the paired ratios compare windows taken "
+        "side by side.\n",
+        kBenchJsonSchema);
   }
   if (cluster) cluster->Stop();
 

@@ -118,6 +118,7 @@ std::optional<AutoVsBest> CompareAutoWithBest(const std::vector<const ServeCell*
       automatic = cell;
       continue;
     }
+    if (cell->mode.find('@') != std::string::npos) continue;  // structured output: not a rival
     const double tps = cell->MedianTokensPerSecond();
     if (tps > best_tps) {
       best_tps = tps;
@@ -141,6 +142,35 @@ std::optional<AutoVsBest> CompareAutoWithBest(const std::vector<const ServeCell*
   r.paired_median = Median(r.paired_ratios);
   r.pass = (r.paired_ratios.empty() ? r.ratio : r.paired_median) >= threshold;
   return r;
+}
+
+std::vector<FormatCost> CompareFormatsWithBase(const std::vector<const ServeCell*>& cells) {
+  std::vector<FormatCost> costs;
+  for (const ServeCell* cell : cells) {
+    const size_t at = cell->mode.find('@');
+    if (at == std::string::npos) continue;
+    const std::string base_mode = cell->mode.substr(0, at);
+    for (const ServeCell* base : cells) {
+      if (base->mode != base_mode || base->concurrency != cell->concurrency) continue;
+      FormatCost cost{.concurrency = cell->concurrency,
+                      .variant = cell->mode,
+                      .base = base->mode,
+                      .variant_tps = cell->MedianTokensPerSecond(),
+                      .base_tps = base->MedianTokensPerSecond()};
+      cost.ratio = cost.base_tps > 0 ? cost.variant_tps / cost.base_tps : 0;
+      for (const ServeWindow& v : cell->rounds) {
+        for (const ServeWindow& b : base->rounds) {
+          if (b.round == v.round && b.TokensPerSecond() > 0) {
+            cost.paired_ratios.push_back(v.TokensPerSecond() / b.TokensPerSecond());
+          }
+        }
+      }
+      cost.paired_median = Median(cost.paired_ratios);
+      costs.push_back(std::move(cost));
+      break;
+    }
+  }
+  return costs;
 }
 
 }  // namespace tandem::cli

@@ -107,4 +107,20 @@ struct AutoVsBest {
 std::optional<AutoVsBest> CompareAutoWithBest(const std::vector<const ServeCell*>& cells,
                                               double threshold);
 
+// A structured-output variant ("MODE@FORMAT") against its mode's free-text cell at the same
+// concurrency: what the grammar costs.
+struct FormatCost {
+  int concurrency = 0;
+  std::string variant;
+  std::string base;
+  double variant_tps = 0;
+  double base_tps = 0;
+  double ratio = 0;                   // medians over windows
+  std::vector<double> paired_ratios;  // per round, the variant / its base in the same round
+  double paired_median = 0;
+};
+
+// One entry per "MODE@FORMAT" cell among `cells` whose MODE also has a cell (at its level).
+std::vector<FormatCost> CompareFormatsWithBase(const std::vector<const ServeCell*>& cells);
+
 }  // namespace tandem::cli

@@ -8,11 +8,31 @@
 
 namespace tandem::cli {
 
+absl::StatusOr<ModeVariant> ParseModeVariant(const std::string& variant) {
+  const size_t at = variant.find('@');
+  if (at == std::string::npos) return ModeVariant{.mode = variant};
+  ModeVariant v{.mode = variant.substr(0, at), .format = variant.substr(at + 1)};
+  if (v.format != "json_object" && v.format != "json_schema") {
+    return absl::InvalidArgumentError(absl::StrCat("'", variant, "': the format after '@' must be ",
+                                                   "json_object or json_schema"));
+  }
+  return v;
+}
+
 v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mode,
                                 int max_tokens) {
   v1::GenerateRequest request;
   request.set_prompt(prompt);
   request.set_mode(mode);
+  if (absl::StatusOr<ModeVariant> variant = ParseModeVariant(mode); variant.ok()) {
+    request.set_mode(variant->mode);
+    if (!variant->format.empty()) {
+      request.mutable_response_format()->set_type(variant->format);
+      if (variant->format == "json_schema") {
+        request.mutable_response_format()->set_schema(kBenchJsonSchema);
+      }
+    }
+  }
   request.set_max_tokens(max_tokens);
   request.mutable_sampling()->set_temperature(0);  // greedy
   return request;

@@ -48,7 +48,23 @@ struct TimedStream {
 TimedStream ReadTimed(grpc::ClientReaderInterface<v1::GenerateResponse>& reader,
                       BenchClock::time_point start);
 
-// A greedy request for `max_tokens` new tokens of `prompt` in `mode`.
+// A benchmark's mode variant: "MODE", or "MODE@FORMAT" for MODE with structured output, FORMAT
+// json_object or json_schema (kBenchJsonSchema).
+struct ModeVariant {
+  std::string mode;
+  std::string format;  // "" = free text
+};
+// InvalidArgument for an unknown FORMAT.
+absl::StatusOr<ModeVariant> ParseModeVariant(const std::string& variant);
+// The schema of the json_schema variants: a small object of a boolean, an enum and a bounded
+// integer, which a model can finish within a short budget.
+inline constexpr char kBenchJsonSchema[] =
+    R"({"type": "object", "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", )"
+    R"("high"]}, "score": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["ok", )"
+    R"("level", "score"]})";
+
+// A greedy request for `max_tokens` new tokens of `prompt` in `mode` (a ModeVariant's text: a
+// format that does not parse is sent as the mode, for the server to refuse).
 v1::GenerateRequest MakeRequest(const std::string& prompt, const std::string& mode, int max_tokens);
 
 // One greedy generation through `stub`, read to the end and timed from `start` (taken just

@@ -152,10 +152,12 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->delimiter(',')
       ->capture_default_str();
   serve_cmd
-      ->add_option("--modes", serve->modes,
-                   "Comma-separated modes (auto: the router's choice); default: every mode "
-                   "auto may choose that the model serves (ar, spec, self_spec, "
-                   "self_spec_quadratic, isd, jacobi), then auto")
+      ->add_option(
+          "--modes", serve->modes,
+          "Comma-separated modes (auto: the router's choice; MODE@json_object or "
+          "MODE@json_schema: MODE with structured output, set against MODE); default: every mode "
+          "auto may choose that the model serves (ar, spec, self_spec, "
+          "self_spec_quadratic, isd, jacobi), then auto")
       ->delimiter(',');
   serve_cmd
       ->add_option("--requests-per-level", serve->requests_per_level,

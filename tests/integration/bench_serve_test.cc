@@ -339,6 +339,35 @@ TEST(BenchServe, RefusesUnservedAndRepeatedModes) {
       "bench serve --server ", (*cluster)->router_address(), " --modes ar,ar --out-dir ''"));
   EXPECT_EQ(twice.exit_code, 1);
   EXPECT_THAT(twice.err, ::testing::HasSubstr("mode 'ar' is listed twice"));
+  const CommandRun format = RunTandem(absl::StrCat(
+      "bench serve --server ", (*cluster)->router_address(), " --modes ar,ar@yaml --out-dir ''"));
+  EXPECT_EQ(format.exit_code, 1);
+  EXPECT_THAT(format.err, ::testing::HasSubstr("json_object or json_schema"));
+}
+
+// MODE@FORMAT runs MODE with structured output beside MODE, is served by MODE, is no rival of
+// auto's, and gets its cost against MODE paired by round.
+TEST(BenchServe, StructuredOutputVariantsRunBesideTheirMode) {
+  const CommandRun run = RunTandem(
+      "bench serve --concurrency 1 --modes ar,ar@json_schema,auto --max-tokens 24 "
+      "--requests-per-level 2 --rounds 2 --pair-rounds 0 --warmup 0 --json --out-dir ''");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json j = json::parse(run.out);
+  std::map<std::string, const json*> cells;
+  for (const json& level : j["levels"]) cells[level["mode"]] = &level;
+  ASSERT_EQ(cells.count("ar@json_schema"), 1u);
+  for (const json& window : cells["ar@json_schema"]->at("rounds")) {
+    EXPECT_EQ(window["errors"], 0);
+    EXPECT_EQ(window["served_modes"], json({{"ar", 2}}));
+  }
+  ASSERT_EQ(j["auto_vs_best"].size(), 1u);
+  EXPECT_EQ(j["auto_vs_best"][0]["best_mode"], "ar");
+  ASSERT_EQ(j["structured_output_cost"].size(), 1u);
+  const json& cost = j["structured_output_cost"][0];
+  EXPECT_EQ(cost["variant"], "ar@json_schema");
+  EXPECT_EQ(cost["base"], "ar");
+  ASSERT_EQ(cost["paired_ratios"].size(), 2u);
+  EXPECT_GT(cost["paired_ratio_median"].get<double>(), 0.0);
 }
 
 TEST(BenchRouter, ComparesDirectAndRoutedStreamsOfARunningCluster) {
