@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/engine/bundled_model_test.h"
 #include "tests/worker/engine/collecting_sink.h"
 #include "tests/worker/engine/test_draft_channel.h"
 #include "worker/engine/calibration.h"
@@ -19,33 +20,12 @@
 namespace tandem {
 namespace {
 
-const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
 constexpr char kDrafter[] = "in-process";
 
 using Sink = testing::CollectingSink;
 
-class EngineCostTest : public ::testing::Test {
+class EngineCostTest : public testing::BundledModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(kModelDir + "/config.json")) return;
-    absl::StatusOr<LoadedModel> loaded = LoadModelDir(kModelDir);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = new LoadedModel(std::move(*loaded));
-    std::ifstream in(kModelDir + "/fixtures/greedy.json");
-    const nlohmann::json greedy = nlohmann::json::parse(in);
-    prompts_ = new std::vector<std::vector<int32_t>>();
-    for (const nlohmann::json& c : greedy["cases"]) {
-      prompts_->push_back(c["prompt_ids"].get<std::vector<int32_t>>());
-    }
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete prompts_;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "no bundled model at " << kModelDir;
-  }
-
   // With an in-process drafter (the target itself) unless `drafter` is false.
   std::unique_ptr<Engine> MakeEngine(bool drafter = true, bool adaptive_gamma = true) {
     EngineOptions options;
@@ -65,13 +45,7 @@ class EngineCostTest : public ::testing::Test {
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? std::move(*engine) : nullptr;
   }
-
-  static LoadedModel* model_;
-  static std::vector<std::vector<int32_t>>* prompts_;
 };
-
-LoadedModel* EngineCostTest::model_ = nullptr;
-std::vector<std::vector<int32_t>>* EngineCostTest::prompts_ = nullptr;
 
 TEST_F(EngineCostTest, CalibrationMeasuresEveryLosslessMode) {
   // Fixed γ: whether the engine would draft at all depends on the measured (noisy) curve.

@@ -17,6 +17,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/engine/bundled_model_test.h"
 #include "tests/worker/engine/collecting_sink.h"
 #include "tests/worker/engine/test_draft_channel.h"
 #include "tests/worker/sampling/logit_adjust_reference.h"
@@ -29,36 +30,12 @@ namespace {
 using testing::CollectingSink;
 using testing::InProcessDraftChannel;
 
-const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
 constexpr int kNewTokens = 40;
 constexpr int kPrompts = 6;
 constexpr char kDrafter[] = "in-process";
 
-class EngineLogitsTest : public ::testing::Test {
+class EngineLogitsTest : public testing::BundledModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(kModelDir + "/config.json")) return;
-    absl::StatusOr<LoadedModel> loaded = LoadModelDir(kModelDir);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = new LoadedModel(std::move(*loaded));
-    std::ifstream in(kModelDir + "/fixtures/greedy.json");
-    const nlohmann::json greedy = nlohmann::json::parse(in);
-    prompts_ = new std::vector<std::vector<int32_t>>();
-    for (const nlohmann::json& c : greedy["cases"]) {
-      prompts_->push_back(c["prompt_ids"].get<std::vector<int32_t>>());
-      if (static_cast<int>(prompts_->size()) == kPrompts) break;
-    }
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete prompts_;
-    model_ = nullptr;
-    prompts_ = nullptr;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "no bundled model at " << kModelDir;
-  }
-
   // `hidden_layers`: the drafter asks for the target's hidden states of these layers.
   static std::unique_ptr<Engine> MakeEngine(std::vector<int32_t> hidden_layers = {}) {
     EngineOptions options;
@@ -233,13 +210,7 @@ class EngineLogitsTest : public ::testing::Test {
     }
     return whole;
   }
-
-  static LoadedModel* model_;
-  static std::vector<std::vector<int32_t>>* prompts_;
 };
-
-LoadedModel* EngineLogitsTest::model_ = nullptr;
-std::vector<std::vector<int32_t>>* EngineLogitsTest::prompts_ = nullptr;
 
 TEST_F(EngineLogitsTest, ArEqualsTheDefinitionsAndTheAdjustmentsChangeTheOutput) {
   auto engine = MakeEngine();

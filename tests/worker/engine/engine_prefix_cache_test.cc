@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/engine/bundled_model_test.h"
 #include "tests/worker/engine/collecting_sink.h"
 #include "tests/worker/engine/test_draft_channel.h"
 #include "worker/engine/engine.h"
@@ -20,7 +21,6 @@ namespace {
 using testing::CollectingSink;
 using testing::InProcessDraftChannel;
 
-const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
 constexpr int kBlock = 16;
 constexpr int kNewTokens = 24;
 constexpr int kSeedLength = 40;  // two whole blocks and half of a third
@@ -37,36 +37,21 @@ struct Outcome {
   SequenceUsage usage;
 };
 
-class EnginePrefixCacheTest : public ::testing::Test {
+class EnginePrefixCacheTest : public testing::BundledModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(kModelDir + "/config.json")) return;
-    absl::StatusOr<LoadedModel> loaded = LoadModelDir(kModelDir);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = new LoadedModel(std::move(*loaded));
-    // Text to cut prompts from: the fixture's prompts one after another.
-    std::ifstream in(kModelDir + "/fixtures/greedy.json");
-    const nlohmann::json greedy = nlohmann::json::parse(in);
-    base_ = new std::vector<int32_t>();
-    for (const nlohmann::json& c : greedy["cases"]) {
-      const auto ids = c["prompt_ids"].get<std::vector<int32_t>>();
-      base_->insert(base_->end(), ids.begin(), ids.end());
-    }
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete base_;
-    model_ = nullptr;
-    base_ = nullptr;
-  }
   void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "no bundled model at " << kModelDir;
-    ASSERT_GE(base_->size(), 200u);
+    BundledModelTest::SetUp();
+    if (IsSkipped()) return;
+    // Text to cut prompts from: the fixture's prompts one after another.
+    base_.clear();
+    for (const std::vector<int32_t>& ids : *prompts_)
+      base_.insert(base_.end(), ids.begin(), ids.end());
+    ASSERT_GE(base_.size(), 200u);
   }
 
   // Tokens [from, to) of the base text.
   static std::vector<int32_t> Base(int from, int to) {
-    return std::vector<int32_t>(base_->begin() + from, base_->begin() + to);
+    return std::vector<int32_t>(base_.begin() + from, base_.begin() + to);
   }
   static std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
     a.insert(a.end(), b.begin(), b.end());
@@ -132,12 +117,8 @@ class EnginePrefixCacheTest : public ::testing::Test {
     };
   }
 
-  static LoadedModel* model_;
-  static std::vector<int32_t>* base_;
+  static inline std::vector<int32_t> base_;
 };
-
-LoadedModel* EnginePrefixCacheTest::model_ = nullptr;
-std::vector<int32_t>* EnginePrefixCacheTest::base_ = nullptr;
 
 TEST_F(EnginePrefixCacheTest, EveryModeIsExactWithTheCacheOnAndOffAndTakesWholeCachedBlocks) {
   std::vector<std::vector<Outcome>> runs;

@@ -22,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/engine/bundled_model_test.h"
 #include "tests/worker/engine/collecting_sink.h"
 #include "tests/worker/engine/test_draft_channel.h"
 #include "worker/decoding/runner.h"
@@ -33,7 +34,6 @@ namespace {
 using testing::CollectingSink;
 using testing::InProcessDraftChannel;
 
-const std::string kModelDir = std::string(TANDEM_SOURCE_DIR) + "/models/tandem-target";
 constexpr int kNewTokens = 24;
 constexpr int kPrompts = 8;
 constexpr int kGamma = 3;
@@ -45,32 +45,8 @@ struct Job {
   SamplingParams sampling;
 };
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public testing::BundledModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(kModelDir + "/config.json")) return;
-    absl::StatusOr<LoadedModel> loaded = LoadModelDir(kModelDir);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = new LoadedModel(std::move(*loaded));
-    std::ifstream in(kModelDir + "/fixtures/greedy.json");
-    const nlohmann::json greedy = nlohmann::json::parse(in);
-    prompts_ = new std::vector<std::vector<int32_t>>();
-    for (const nlohmann::json& c : greedy["cases"]) {
-      prompts_->push_back(c["prompt_ids"].get<std::vector<int32_t>>());
-      if (static_cast<int>(prompts_->size()) == kPrompts) break;
-    }
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete prompts_;
-    model_ = nullptr;
-    prompts_ = nullptr;
-  }
-
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "no bundled model at " << kModelDir;
-  }
-
   // Channels made by the factory, for inspection; failure applies to channels made later.
   DraftChannelFactory Drafters() {
     return [this](const std::string& address, DraftChannel::ChainCallback on_chain)
@@ -187,17 +163,12 @@ class EngineTest : public ::testing::Test {
     return jobs;
   }
 
-  static LoadedModel* model_;
-  static std::vector<std::vector<int32_t>>* prompts_;
   InProcessDraftChannel::Failure failure_ = InProcessDraftChannel::Failure::kNone;
   int chains_before_failure_ = 0;
   int channels_made_ = 0;
   std::vector<int32_t> hidden_layers_;             // what channels made later ask for
   InProcessDraftChannel* last_channel_ = nullptr;  // owned by the engine
 };
-
-LoadedModel* EngineTest::model_ = nullptr;
-std::vector<std::vector<int32_t>>* EngineTest::prompts_ = nullptr;
 
 TEST_F(EngineTest, EveryModeInOneMixedBatchEqualsRunSequence) {
   EngineOptions options;
@@ -438,9 +409,9 @@ TEST_F(EngineTest, IgnoreEosGoesOnPastTheModelsEndOfSequence) {
   ModelConfig config = target().config();
   config.eos_token_ids = {eos};
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
-      Tokenizer::FromFile(kModelDir + "/tokenizer.json");
+      Tokenizer::FromFile(testing::kBundledModelDir + "/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  LoadedModel copy{.dir = kModelDir,
+  LoadedModel copy{.dir = testing::kBundledModelDir,
                    .model = Transformer::FromWeights(config, target().weights()),
                    .tokenizer = std::move(*tokenizer)};
   EngineOptions options;
