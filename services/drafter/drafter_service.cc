@@ -119,6 +119,21 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
     if (action.finish) Finish(ToGrpc(*action.finish));
   }
 
+  // The grammar an open asks to draft under, compiled (none without one, or when this drafter
+  // does not compile grammars); InvalidArgument for one it cannot compile.
+  absl::StatusOr<std::optional<DraftSessionGrammar>> SessionGrammar(const v1::DraftOpen& open) {
+    if (open.grammar_type().empty() || options_.grammars == nullptr) return std::nullopt;
+    absl::StatusOr<GrammarSpec::Kind> kind = GrammarKindOf(open.grammar_type());
+    if (!kind.ok()) return kind.status();
+    absl::StatusOr<std::shared_ptr<const Grammar>> compiled =
+        options_.grammars->Compile({.kind = *kind, .text = open.grammar_schema()});
+    if (!compiled.ok()) return compiled.status();
+    return DraftSessionGrammar{.grammar = *std::move(compiled),
+                               .prompt_len = open.prompt_len(),
+                               .stop_tokens = std::vector<int32_t>(open.stop_token_ids().begin(),
+                                                                   open.stop_token_ids().end())};
+  }
+
   // Converts the wire message and hands it to the engine, which validates it. Every message
   // passes through the hidden-state receiver, which keeps them in order while an NCCL payload is
   // on its way.
@@ -135,17 +150,19 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
     const uint64_t session = m.session();
     switch (m.kind_case()) {
       case v1::DraftClientMessage::kOpen: {
+        absl::StatusOr<std::optional<DraftSessionGrammar>> grammar = SessionGrammar(m.open());
         Receive(&m.open().hidden(),
                 [engine, stream, session,
                  tokens = std::vector<int32_t>(m.open().tokens().begin(), m.open().tokens().end()),
-                 gamma = m.open().gamma(),
-                 block_size = m.open().block_size()](absl::StatusOr<HiddenRows> hidden) mutable {
-                  if (!hidden.ok()) {
-                    engine->Reject(stream, session, hidden.status());
+                 gamma = m.open().gamma(), block_size = m.open().block_size(),
+                 grammar = std::move(grammar)](absl::StatusOr<HiddenRows> hidden) mutable {
+                  if (!hidden.ok() || !grammar.ok()) {
+                    engine->Reject(stream, session,
+                                   hidden.ok() ? grammar.status() : hidden.status());
                     return;
                   }
                   engine->Open(stream, session, std::move(tokens), gamma, std::move(*hidden),
-                               block_size);
+                               block_size, *std::move(grammar));
                 });
         break;
       }

@@ -43,6 +43,10 @@ struct DrafterServiceOptions {
   DeviceHiddenSink device_sink;
   ServiceMetrics* metrics = nullptr;  // may be null
   ApiKeys peers;  // the cluster token every call must carry (none: every call is answered)
+  // Structured output: sessions opened with a grammar draft under it (compiled here, over the
+  // drafter's vocabulary). Null: grammars are ignored and such sessions draft free text. Not
+  // owned; must outlive the service.
+  const GrammarCompiler* grammars = nullptr;
 };
 
 class DrafterService final : public tandem::v1::Drafter::CallbackService {

@@ -20,6 +20,7 @@
 #include "worker/engine/draft_engine.h"
 #include "worker/model/dflash.h"
 #include "worker/model/transformer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace {
 
@@ -137,13 +138,32 @@ int Run(const std::string& model_dir, const std::string& target_dir,
                    std::string(sink.status().message()).c_str());
     }
   }
+  // Structured output: a session with a grammar drafts under it, over the checkpoint's
+  // tokenizer (the DFlash path drafts free text).
+  std::unique_ptr<tandem::GrammarCompiler> grammars;
+  if (!dflash) {
+    absl::StatusOr<std::unique_ptr<tandem::Tokenizer>> tokenizer =
+        tandem::Tokenizer::FromFile(model_dir + "/tokenizer.json");
+    if (tokenizer.ok()) {
+      const tandem::ModelConfig& config = (*model)->config();
+      grammars = std::make_unique<tandem::GrammarCompiler>(
+          tandem::GrammarTokenBytes(**tokenizer, config.vocab_size), config.vocab_size,
+          config.eos_token_ids);
+    } else {
+      std::fprintf(stderr,
+                   "tandem-drafter: no tokenizer (%s): sequences with structured output get "
+                   "free-text drafts\n",
+                   std::string(tokenizer.status().message()).c_str());
+    }
+  }
   const std::string worker_id = tandem::MakeWorkerId("drafter");
   tandem::DrafterService service(engine->get(), {.model_id = ModelId(model_dir),
                                                  .worker_id = worker_id,
                                                  .hidden_transport = hidden_transport,
                                                  .device_sink = std::move(device_sink),
                                                  .metrics = &metrics,
-                                                 .peers = tandem::ApiKeys({*cluster_token})});
+                                                 .peers = tandem::ApiKeys({*cluster_token}),
+                                                 .grammars = grammars.get()});
   absl::StatusOr<tandem::RunningServer> server = tandem::StartServer(server_flags, {&service});
   if (!server.ok()) {
     std::fprintf(stderr, "tandem-drafter: %s\n", server.status().ToString().c_str());

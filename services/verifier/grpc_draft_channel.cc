@@ -303,12 +303,20 @@ GrpcDraftChannel::~GrpcDraftChannel() {
 }
 
 absl::Status GrpcDraftChannel::Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
-                                    const HiddenRows& hidden, int block_size) {
+                                    const HiddenRows& hidden, int block_size,
+                                    const std::optional<DraftGrammar>& grammar) {
   v1::DraftClientMessage message;
   message.set_session(session);
   message.mutable_open()->mutable_tokens()->Add(tokens.begin(), tokens.end());
   message.mutable_open()->set_gamma(gamma);
   message.mutable_open()->set_block_size(block_size);
+  if (grammar.has_value()) {
+    v1::DraftOpen* open = message.mutable_open();
+    open->set_grammar_type(GrammarTypeName(grammar->spec.kind));
+    open->set_grammar_schema(grammar->spec.text);
+    open->set_prompt_len(grammar->prompt_len);
+    open->mutable_stop_token_ids()->Add(grammar->stop_tokens.begin(), grammar->stop_tokens.end());
+  }
   Core* core = core_.get();
   return core->Send(std::move(message),
                     [core, session, &hidden](v1::DraftClientMessage& m)

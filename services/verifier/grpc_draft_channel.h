@@ -60,7 +60,8 @@ class GrpcDraftChannel final : public DraftChannel {
   using DraftChannel::Advance;
   using DraftChannel::Open;
   absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
-                    const HiddenRows& hidden, int block_size) override;
+                    const HiddenRows& hidden, int block_size,
+                    const std::optional<DraftGrammar>& grammar) override;
   absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append, int gamma,
                        const HiddenRows& hidden) override;
   void Close(uint64_t session) override;

@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/sampling/grammar.h"
 
 // cudaStream_t is `CUstream_st*`; naming the struct keeps CUDA headers out of this interface.
 struct CUstream_st;
@@ -83,6 +85,14 @@ inline float Bf16ToFloat(uint16_t value) {
   return std::bit_cast<float>(static_cast<uint32_t>(value) << 16);
 }
 
+// A session's structured output (drafter.proto, DraftOpen.grammar_type): the drafter drafts
+// under the same grammar.
+struct DraftGrammar {
+  GrammarSpec spec;
+  int prompt_len = 0;                // leading tokens of the session that are the prompt
+  std::vector<int32_t> stop_tokens;  // the sequence's
+};
+
 class DraftChannel {
  public:
   // Called from any thread, possibly after the channel's calls returned; must not block.
@@ -94,17 +104,19 @@ class DraftChannel {
   // error follow for every open session. `hidden` carries the target's hidden states of the
   // layers hidden_layers() names for tokens whose KV became final (see drafter.proto); it is
   // empty unless the drafter asked for layers. `block_size` > 0 asks for block drafts of blocks
-  // of that many slots after the tokens (see drafter.proto, DraftOpen.block_size).
+  // of that many slots after the tokens (see drafter.proto, DraftOpen.block_size). `grammar`:
+  // the session's structured output, if any (drafts then follow it).
   virtual absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
-                            const HiddenRows& hidden, int block_size) = 0;
+                            const HiddenRows& hidden, int block_size,
+                            const std::optional<DraftGrammar>& grammar) = 0;
   virtual absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append,
                                int gamma, const HiddenRows& hidden) = 0;
   absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma) {
-    return Open(session, tokens, gamma, HiddenRows{}, 0);
+    return Open(session, tokens, gamma, HiddenRows{}, 0, std::nullopt);
   }
   absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
                     const HiddenRows& hidden) {
-    return Open(session, tokens, gamma, hidden, 0);
+    return Open(session, tokens, gamma, hidden, 0, std::nullopt);
   }
   absl::Status Advance(uint64_t session, int offset, std::span<const int32_t> append, int gamma) {
     return Advance(session, offset, append, gamma, HiddenRows{});

@@ -38,11 +38,12 @@ struct DraftEngine::Message {
   uint64_t session = 0;
   int offset = 0;
   int gamma = 0;
-  std::vector<int32_t> tokens;  // kOpen: the sequence; kAdvance: the appended tokens
-  ChainSink sink;               // kAddStream
-  absl::Status error;           // kReject
-  HiddenRows hidden;            // kOpen, kAdvance
-  int block_size = 0;           // kOpen
+  std::vector<int32_t> tokens;                 // kOpen: the sequence; kAdvance: the appended tokens
+  ChainSink sink;                              // kAddStream
+  absl::Status error;                          // kReject
+  HiddenRows hidden;                           // kOpen, kAdvance
+  int block_size = 0;                          // kOpen
+  std::optional<DraftSessionGrammar> grammar;  // kOpen
 };
 
 struct DraftEngine::Session {
@@ -72,6 +73,10 @@ struct DraftEngine::Session {
   // session's last block draft.
   int block_size = 0;
   bool block_due = false;
+  // Structured output: the chain is drafted under this grammar; tokens [0, prompt_len) are the
+  // prompt.
+  std::unique_ptr<GrammarCursor> grammar;
+  int prompt_len = 0;
 
   int chain_len() const { return static_cast<int>(tokens.size()) - final_len; }
 };
@@ -104,7 +109,7 @@ class DraftEngine::Loop {
         RemoveStream(m.stream);
         break;
       case Message::Kind::kOpen:
-        Open(m.stream, m.session, std::move(m.tokens), m.gamma, m.hidden, m.block_size);
+        Open(m.stream, m.session, std::move(m.tokens), m.gamma, m.hidden, m.block_size, m.grammar);
         break;
       case Message::Kind::kAdvance:
         Advance(m.stream, m.session, m.offset, m.tokens, m.gamma, m.hidden);
@@ -280,7 +285,8 @@ class DraftEngine::Loop {
   }
 
   void Open(uint64_t stream, uint64_t id, std::vector<int32_t> tokens, int gamma,
-            const HiddenRows& hidden, int block_size) {
+            const HiddenRows& hidden, int block_size,
+            const std::optional<DraftSessionGrammar>& grammar) {
     if (!sinks_.contains(stream)) return;  // the stream is gone
     if (sessions_.contains({stream, id})) {
       Fail(stream, id, 0,
@@ -309,6 +315,14 @@ class DraftEngine::Loop {
       Fail(stream, id, 0, s);
       return;
     }
+    if (grammar.has_value() && (grammar->grammar == nullptr || grammar->prompt_len < 0 ||
+                                grammar->prompt_len > static_cast<int>(tokens.size()))) {
+      Fail(stream, id, 0,
+           absl::InvalidArgumentError(
+               absl::StrCat("open of session ", id, " has a grammar with prompt length ",
+                            grammar->prompt_len, " for ", tokens.size(), " tokens")));
+      return;
+    }
     if (absl::Status s = CheckHidden(id, hidden, 0, 0, static_cast<int>(tokens.size())); !s.ok()) {
       Fail(stream, id, 0, s);
       return;
@@ -326,6 +340,10 @@ class DraftEngine::Loop {
     s.gamma = gamma;
     s.tokens = std::move(tokens);
     s.final_len = static_cast<int>(s.tokens.size());
+    if (grammar.has_value()) {
+      s.grammar = std::make_unique<GrammarCursor>(grammar->grammar, grammar->stop_tokens);
+      s.prompt_len = grammar->prompt_len;
+    }
     ++stats_.sessions_opened;
     if (absl::Status st = RecordHidden(s, hidden); !st.ok()) {
       Fail(stream, id, 0, st);
@@ -381,6 +399,7 @@ class DraftEngine::Loop {
   void ArStep();
   std::vector<ArPlanned> PlanAr(const std::vector<Session*>& candidates);
   void CommitAr(const std::vector<ArPlanned>& planned, const std::vector<ExtendOutput>& out);
+  std::vector<float> row_;  // CommitAr's scratch: a logit row masked by a session's grammar
   // The step's time and tokens to the stats' averages and the observer.
   void AccountStep(double seconds, int batch_tokens);
   // Block drafts of the sessions that are due.
@@ -717,7 +736,16 @@ void DraftEngine::Loop::CommitAr(const std::vector<ArPlanned>& planned,
     stats_.recomputed_tokens += std::max(0, std::min(s.cached + p.n, s.evicted_cached) - s.cached);
     s.cached += p.n;
     if (s.cached == static_cast<int>(s.tokens.size())) {
-      s.tokens.push_back(Argmax(out[i].logits));
+      if (s.grammar != nullptr) {
+        // Under the grammar: the row masked after the generated tokens and the chain so far.
+        row_.assign(out[i].logits.begin(), out[i].logits.end());
+        const std::span<const int32_t> generated =
+            std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.prompt_len));
+        if (s.grammar->MoveTo(generated, {})) s.grammar->Mask(row_);
+        s.tokens.push_back(Argmax(row_));
+      } else {
+        s.tokens.push_back(Argmax(out[i].logits));
+      }
       ++stats_.drafted_tokens;
     }
   }
@@ -805,14 +833,16 @@ void DraftEngine::RemoveStream(uint64_t stream) {
 }
 
 void DraftEngine::Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma,
-                       HiddenRows hidden, int block_size) {
+                       HiddenRows hidden, int block_size,
+                       std::optional<DraftSessionGrammar> grammar) {
   Post(Message{.kind = Message::Kind::kOpen,
                .stream = stream,
                .session = session,
                .gamma = gamma,
                .tokens = std::move(tokens),
                .hidden = std::move(hidden),
-               .block_size = block_size});
+               .block_size = block_size,
+               .grammar = std::move(grammar)});
 }
 
 void DraftEngine::Advance(uint64_t stream, uint64_t session, int offset,

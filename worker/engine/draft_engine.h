@@ -43,6 +43,11 @@
 // one drafter and its one-sequence cache (no batching, no AR KV); without the pathway the block
 // size is ignored and the session gets greedy chains.
 //
+// Structured output: a session opened with a grammar (DraftSessionGrammar, compiled by the
+// caller) drafts its greedy chain under it: before each argmax the row is masked to what the
+// grammar allows after the session's generated tokens and chain, so the verifier's
+// grammar-masked rows can accept the drafts. The DFlash and block-draft paths ignore grammars.
+//
 // Batching: sessions whose verifier waits for a chain go first, then the least recently
 // served, within a token budget per forward (long prefills are fed in chunks).
 //
@@ -59,6 +64,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -69,8 +75,17 @@
 #include "worker/engine/engine_observer.h"
 #include "worker/model/dflash.h"
 #include "worker/model/transformer.h"
+#include "worker/sampling/grammar.h"
 
 namespace tandem {
+
+// A session's grammar: the compiled constraint, how many of its first tokens are the prompt,
+// and the sequence's stop tokens (allowed only where the grammar is complete).
+struct DraftSessionGrammar {
+  std::shared_ptr<const Grammar> grammar;
+  int prompt_len = 0;
+  std::vector<int32_t> stop_tokens;
+};
 
 struct DraftEngineOptions {
   int64_t kv_tokens = 32768;  // KV cache capacity in tokens (all sessions together)
@@ -136,8 +151,11 @@ class DraftEngine {
   // `hidden`: the rows that became final since the session's last message (none by default);
   // a wrong shape, a gap or a repeat, or rows nobody asked for end the session.
   // `block_size` > 0 asks for block drafts (see above).
+  // `grammar`: the session drafts under it (see above); a prompt_len outside [0, tokens] ends
+  // the session.
   void Open(uint64_t stream, uint64_t session, std::vector<int32_t> tokens, int gamma,
-            HiddenRows hidden = {}, int block_size = 0);
+            HiddenRows hidden = {}, int block_size = 0,
+            std::optional<DraftSessionGrammar> grammar = std::nullopt);
   void Advance(uint64_t stream, uint64_t session, int offset, std::vector<int32_t> append,
                int gamma, HiddenRows hidden = {});
   void Close(uint64_t stream, uint64_t session);

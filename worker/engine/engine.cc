@@ -244,16 +244,8 @@ void Engine::Impl::AttachCachedPrefix(EngineSequence& s) {
 
 const std::shared_ptr<const std::vector<std::string>>& Engine::Impl::TokenBytes() {
   std::call_once(token_bytes_once_, [this] {
-    const int vocab = model_->model->config().vocab_size;
-    auto bytes = std::make_shared<std::vector<std::string>>(static_cast<size_t>(vocab));
-    for (int32_t id = 0; id < vocab; ++id) {
-      // Ids past the tokenizer's vocabulary (a padded head) stay empty: never drawn in JSON mode.
-      // Special tokens stay empty too: their text is no part of the completion's text.
-      if (model_->tokenizer->IsSpecial(id)) continue;
-      absl::StatusOr<std::string> decoded = model_->tokenizer->Decode({&id, 1});
-      if (decoded.ok()) (*bytes)[static_cast<size_t>(id)] = *std::move(decoded);
-    }
-    token_bytes_ = std::move(bytes);
+    token_bytes_ = std::make_shared<const std::vector<std::string>>(
+        GrammarTokenBytes(*model_->tokenizer, model_->model->config().vocab_size));
   });
   return token_bytes_;
 }

@@ -64,8 +64,13 @@ void Engine::Impl::OpenSessions(const std::vector<SeqPtr>& candidates) {
       }
     }
     if (!seq->session_open) continue;
-    absl::Status opened =
-        channel->Open(seq->id, seq->tokens, seq->gamma, HiddenRows{}, seq->block_size);
+    absl::Status opened = channel->Open(
+        seq->id, seq->tokens, seq->gamma, HiddenRows{}, seq->block_size,
+        seq->grammar_spec.has_value()
+            ? std::optional<DraftGrammar>(DraftGrammar{.spec = *seq->grammar_spec,
+                                                       .prompt_len = seq->prompt_len,
+                                                       .stop_tokens = seq->adjust.min_tokens_ban})
+            : std::nullopt);
     if (!opened.ok()) DisableDrafting(*seq, opened);
   }
 }

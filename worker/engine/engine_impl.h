@@ -40,7 +40,8 @@ struct EngineSequence {
   SamplingParams sampling;
   LogitAdjust adjust;    // active(): every step returns logits and they are adjusted on the host
   TokenHistory history;  // the counts `adjust` reads
-  std::unique_ptr<GrammarCursor> grammar;  // structured output: where the text stands in it
+  std::unique_ptr<GrammarCursor> grammar;   // structured output: where the text stands in it
+  std::optional<GrammarSpec> grammar_spec;  // and its spec, for the drafter
   int top_logprobs = -1;  // >= 0: each token's logprob and this many alternatives are streamed
   bool echo = false;      // the prompt's tokens and logprobs are streamed first
   int echoed = 0;         // prompt tokens streamed so far (a recomputed prompt is not resent)

@@ -177,6 +177,7 @@ absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest
     }
     TANDEM_ASSIGN_OR_RETURN(seq.adjust.grammar, Grammars().Compile(*request.grammar));
     seq.grammar = std::make_unique<GrammarCursor>(seq.adjust.grammar, stop.stop_token_ids);
+    seq.grammar_spec = request.grammar;
   }
   seq.checker = std::make_unique<StopChecker>(std::move(stop));
   seq.detok = std::make_unique<IncrementalDetokenizer>(*model_->tokenizer);

@@ -37,6 +37,11 @@ struct GrammarSpec {
   std::string text;
 };
 
+// The response_format type of a kind ("json_object", "json_schema", "structural_tag"), and the
+// kind of a type name (InvalidArgument naming it for another).
+const char* GrammarTypeName(GrammarSpec::Kind kind);
+absl::StatusOr<GrammarSpec::Kind> GrammarKindOf(const std::string& type);
+
 // A compiled constraint; opaque outside grammar.cc.
 class Grammar;
 
@@ -73,6 +78,9 @@ class GrammarCursor {
   // refuses one of them (a rejected draft's path); the state is then that after the longest
   // accepted prefix, and Mask must not be called.
   bool MoveTo(std::span<const int32_t> first, std::span<const int32_t> then);
+  // How many tokens of `then` the grammar accepts after `first` (all of them: then.size()); -1
+  // when it refuses `first`. Moves as MoveTo does.
+  int Accepted(std::span<const int32_t> first, std::span<const int32_t> then);
   // Sets to -inf each logit of `row` that the grammar does not allow next.
   void Mask(std::span<float> row);
   // Whether the text so far is a whole match (a stop token may end it here).

@@ -1,5 +1,7 @@
 #include "worker/tokenizer/tokenizer.h"
 
+#include <algorithm>
+
 #include "common/status_macros.h"
 #include "worker/tokenizer/internal/utf8.h"
 
@@ -35,6 +37,16 @@ std::string IncrementalDetokenizer::Flush() {
   std::string out = ToValidUtf8(pending_);
   pending_.clear();
   return out;
+}
+
+std::vector<std::string> GrammarTokenBytes(const Tokenizer& tokenizer, int vocab_size) {
+  std::vector<std::string> bytes(static_cast<size_t>(std::max(0, vocab_size)));
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    if (tokenizer.IsSpecial(id)) continue;
+    absl::StatusOr<std::string> decoded = tokenizer.Decode({&id, 1});
+    if (decoded.ok()) bytes[static_cast<size_t>(id)] = *std::move(decoded);
+  }
+  return bytes;
 }
 
 std::string ApplyChatMl(std::span<const ChatTurn> turns, bool add_generation_prompt) {

@@ -67,6 +67,11 @@ struct ChatTurn {
   std::string tool_call_id;  // a tool turn's: the call it answers
 };
 
+// Each token id in [0, vocab_size)'s bytes, for structured output's grammar (GrammarCompiler):
+// ids past the tokenizer's vocabulary (a padded head) and special tokens (their text is no part
+// of a completion's text) have none.
+std::vector<std::string> GrammarTokenBytes(const Tokenizer& tokenizer, int vocab_size);
+
 // ChatML as used by the Qwen family:
 // "<|im_start|>{role}\n{content}<|im_end|>\n" per turn, then "<|im_start|>assistant\n" when
 // `add_generation_prompt`. A default system turn is not added.

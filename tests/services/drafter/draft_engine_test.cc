@@ -11,6 +11,7 @@
 #include "tests/services/drafter/chain_collector.h"
 #include "tests/worker/decoding/tiny_models.h"
 #include "worker/decoding/drafter.h"
+#include "worker/sampling/grammar.h"
 
 namespace tandem {
 namespace {
@@ -68,6 +69,42 @@ TEST_F(DraftEngineTest, ChainIsTheGreedyContinuationUpToTheLookahead) {
   const DraftEngineStats stats = engine_->Stats();
   EXPECT_EQ(stats.sessions, 4);
   EXPECT_EQ(stats.drafted_tokens, 4 * (2 * gamma + 1));
+}
+
+// A session opened with a grammar drafts its chain under it: every draft keeps the generated
+// text inside the grammar, where the same model drafts text outside it unconstrained.
+TEST_F(DraftEngineTest, AGrammarSessionDraftsInsideTheGrammar) {
+  Start({.kv_tokens = 4096});
+  GrammarCompiler compiler(testing::TinyByteVocab(), 64, {63});
+  absl::StatusOr<std::shared_ptr<const Grammar>> grammar =
+      compiler.Compile({.kind = GrammarSpec::Kind::kJsonObject});
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  const int gamma = 4;
+  const std::vector<int32_t> prompt = TestPrompts(63, 1, 17)[0];
+  const int len = static_cast<int>(prompt.size());
+  engine_->Open(stream_, 1, prompt, gamma, {}, 0,
+                DraftSessionGrammar{.grammar = *grammar, .prompt_len = len, .stop_tokens = {63}});
+  engine_->Open(stream_, 2, prompt, gamma);
+  auto constrained = chains_.WaitCovered(1, len, 2 * gamma + 1);
+  auto free = chains_.WaitCovered(2, len, 2 * gamma + 1);
+  ASSERT_TRUE(constrained.has_value() && free.has_value());
+  GrammarCursor cursor(*grammar, {63});
+  EXPECT_EQ(cursor.Accepted({}, *constrained), static_cast<int>(constrained->size()));
+  EXPECT_LT(cursor.Accepted({}, *free), static_cast<int>(free->size()));
+  EXPECT_EQ((*constrained)[0], 1) << "an object starts with '{'";
+
+  // After an advance the chain continues inside the grammar from the new final tokens.
+  const std::vector<int32_t> append(constrained->begin(), constrained->begin() + 2);
+  engine_->Advance(stream_, 1, len, append, 0);
+  auto next = chains_.WaitCovered(1, len + 2, 2 * gamma + 1);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(cursor.Accepted(append, *next), static_cast<int>(next->size()));
+
+  // A prompt length past the tokens ends the session.
+  engine_->Open(stream_, 3, prompt, gamma, {}, 0,
+                DraftSessionGrammar{.grammar = *grammar, .prompt_len = len + 1});
+  ASSERT_FALSE(chains_.WaitCovered(3, len, 1).has_value() && chains_.Get(3).error.ok());
+  EXPECT_EQ(chains_.Get(3).error.code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(DraftEngineTest, AgreeingAdvanceShiftsTheChainWithoutRecompute) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/common/server.h"
 #include "services/verifier/grpc_draft_channel.h"
@@ -36,7 +37,9 @@ class DrafterServiceTest : public ::testing::Test {
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
     service_ = std::make_unique<DrafterService>(
-        engine_.get(), DrafterServiceOptions{.model_id = "tiny", .worker_id = "drafter-test"});
+        engine_.get(),
+        DrafterServiceOptions{
+            .model_id = "tiny", .worker_id = "drafter-test", .grammars = &grammars_});
     auto server = StartServer({.listen = "127.0.0.1:0"}, {service_.get()});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -55,6 +58,7 @@ class DrafterServiceTest : public ::testing::Test {
     }
   }
 
+  GrammarCompiler grammars_{testing::TinyByteVocab(), 64, {63}};
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<DraftEngine> engine_;
   std::unique_ptr<DrafterService> service_;
@@ -86,6 +90,31 @@ TEST_F(DrafterServiceTest, ChainsArriveAndAreTheGreedyContinuation) {
   }
   EXPECT_TRUE(drafter->healthy());
   for (size_t i = 0; i < prompts.size(); ++i) drafter->Close(10 + i);
+}
+
+// A verifier's structured output reaches the drafter with the open, which drafts under it; a
+// grammar it cannot compile ends just that session.
+TEST_F(DrafterServiceTest, SessionsDraftUnderTheirGrammar) {
+  ChainCollector chains;
+  auto drafter = GrpcDraftChannel::Create(channel_, server_.address, chains.Callback());
+  const std::vector<int32_t> prompt = TestPrompts(63, 1, 23)[0];
+  const int len = static_cast<int>(prompt.size());
+  const DraftGrammar object{
+      .spec = {.kind = GrammarSpec::Kind::kJsonObject}, .prompt_len = len, .stop_tokens = {63}};
+  ASSERT_TRUE(drafter->Open(1, prompt, 3, HiddenRows{}, 0, object).ok());
+  DraftGrammar bad = object;
+  bad.spec = {.kind = GrammarSpec::Kind::kJsonSchema, .text = R"({"type": 5})"};
+  ASSERT_TRUE(drafter->Open(2, prompt, 3, HiddenRows{}, 0, bad).ok());
+  auto chain = chains.WaitCovered(1, len, 7);
+  ASSERT_TRUE(chain.has_value()) << chains.Get(1).error;
+  absl::StatusOr<std::shared_ptr<const Grammar>> grammar = grammars_.Compile(object.spec);
+  ASSERT_TRUE(grammar.ok());
+  GrammarCursor cursor(*grammar, {63});
+  EXPECT_EQ(cursor.Accepted({}, *chain), static_cast<int>(chain->size()));
+  EXPECT_FALSE(chains.WaitCovered(2, len, 1).has_value() && chains.Get(2).error.ok());
+  // The channel reports a session's error chain as UNAVAILABLE with the drafter's message.
+  EXPECT_THAT(std::string(chains.Get(2).error.message()),
+              ::testing::HasSubstr("JSON schema refused"));
 }
 
 TEST_F(DrafterServiceTest, ProtocolErrorsAnswerTheSessionAndTheStreamGoesOn) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -114,6 +115,16 @@ inline absl::StatusOr<RunStats> RunOnce(Transformer& model, DecodingMode& mode,
 
 // `count` prompts over [0, vocab): alternately random tokens (1..24 of them) and a short random
 // motif repeated with noise, the kind of text prompt lookup and n-gram recycling feed on.
+// Bytes for a tiny model's 64 ids, for structured-output grammars (GrammarCompiler): the JSON
+// punctuation, digits and letters; id 63 has none (use it as the stop token).
+inline std::vector<std::string> TinyByteVocab() {
+  const std::string chars = " {}[]\":,.-0123456789eEtrufalsn\\bcdghijkmopqvwxyzABCDFGHIJKLMNOPQR";
+  std::vector<std::string> vocab;
+  for (size_t i = 0; i < 63; ++i) vocab.push_back(std::string(1, chars[i]));
+  vocab.push_back("");
+  return vocab;
+}
+
 inline std::vector<std::vector<int32_t>> TestPrompts(int vocab, int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   auto token = [&] { return static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)); };

@@ -61,8 +61,10 @@ class InProcessDraftChannel : public DraftChannel {
   using DraftChannel::Advance;
   using DraftChannel::Open;
 
+  // Drafts free text whatever the grammar (drafts only change speed).
   absl::Status Open(uint64_t session, std::span<const int32_t> tokens, int gamma,
-                    const HiddenRows& hidden, int block_size) override {
+                    const HiddenRows& hidden, int block_size,
+                    const std::optional<DraftGrammar>& /*grammar*/) override {
     absl::MutexLock lock(&mu_);
     if (broken_) return absl::UnavailableError("test drafter is down");
     Received& r = received_[session];

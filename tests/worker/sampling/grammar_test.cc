@@ -106,6 +106,10 @@ TEST_F(GrammarTest, MovingBetweenPathsGivesTheMaskOfAFreshCursor) {
   GrammarCursor fresh = Cursor(spec);
   ASSERT_TRUE(fresh.MoveTo(Chars("{\"ac\""), {}));
   EXPECT_EQ(Allowed(moved), Allowed(fresh));
+  // How much of a continuation the grammar takes: all, a prefix, or nothing after a bad start.
+  EXPECT_EQ(moved.Accepted(base, Chars("]}")), 2);
+  EXPECT_EQ(moved.Accepted(base, Chars("]]}")), 1);
+  EXPECT_EQ(moved.Accepted(Chars("[1"), Chars("]")), -1);
 }
 
 TEST_F(GrammarTest, JsonSchemaConstrainsKeysAndTypes) {
