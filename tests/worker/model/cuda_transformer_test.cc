@@ -615,6 +615,8 @@ class TokenSink : public SequenceSink {
 // batched decode steps that replay CUDA graphs) give the CPU engine's tokens, per lossless mode
 // that runs without a drafter service. The `ar` rows sample on the device (the engine asks the
 // model for tokens, not logits), so this also checks device argmax against the CPU engine.
+// Then the same under a JSON schema: the rows come back as logits, masked by the grammar on the
+// host.
 TEST_F(CudaModelTest, EngineBatchesGiveTheCpuEnginesGreedyTokens) {
   const std::string dir = kModels + "tandem-target";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no bundled target";
@@ -624,40 +626,46 @@ TEST_F(CudaModelTest, EngineBatchesGiveTheCpuEnginesGreedyTokens) {
   const std::vector<std::string> prompts = {"def add(a, b):", "The capital of France is",
                                             "for i in range(10):", "import numpy as np\n",
                                             "Once upon a time"};
-  for (const std::string mode : {"ar", "jacobi", "self_spec"}) {
-    SCOPED_TRACE(mode);
-    std::vector<std::vector<int32_t>> outputs[2];
-    for (int device = 0; device < 2; ++device) {
-      EngineOptions options;
-      options.kv_tokens = 8192;
-      options.default_mode = "ar";
-      auto engine = Engine::Create(device == 0 ? &*cpu : &*gpu, options, nullptr);
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      std::vector<std::shared_ptr<TokenSink>> sinks;
-      for (const std::string& prompt : prompts) {
-        SequenceRequest request;
-        request.prompt = prompt;
-        request.mode = mode;
-        request.max_tokens = 24;
-        sinks.push_back(std::make_shared<TokenSink>());
-        auto submitted = (*engine)->Submit(std::move(request), sinks.back());
-        if (!submitted.ok()) break;  // a mode the engine does not run: both devices skip it
+  const GrammarSpec schema{.kind = GrammarSpec::Kind::kJsonSchema,
+                           .text = R"({"type": "object", "properties": {"ok": {"type": "boolean"},
+                                       "n": {"type": "integer"}}, "required": ["ok", "n"]})"};
+  for (const bool structured : {false, true}) {
+    for (const std::string mode : {"ar", "jacobi", "self_spec"}) {
+      SCOPED_TRACE(mode + (structured ? " json_schema" : ""));
+      std::vector<std::vector<int32_t>> outputs[2];
+      for (int device = 0; device < 2; ++device) {
+        EngineOptions options;
+        options.kv_tokens = 8192;
+        options.default_mode = "ar";
+        auto engine = Engine::Create(device == 0 ? &*cpu : &*gpu, options, nullptr);
+        ASSERT_TRUE(engine.ok()) << engine.status();
+        std::vector<std::shared_ptr<TokenSink>> sinks;
+        for (const std::string& prompt : prompts) {
+          SequenceRequest request;
+          request.prompt = prompt;
+          request.mode = mode;
+          request.max_tokens = 24;
+          if (structured) request.grammar = schema;
+          sinks.push_back(std::make_shared<TokenSink>());
+          auto submitted = (*engine)->Submit(std::move(request), sinks.back());
+          if (!submitted.ok()) break;  // a mode the engine does not run: both devices skip it
+        }
+        for (const auto& sink : sinks) {
+          ASSERT_TRUE(sink->Wait());
+          EXPECT_TRUE(sink->error().ok()) << sink->error();
+          outputs[device].push_back(sink->tokens());
+        }
       }
-      for (const auto& sink : sinks) {
-        ASSERT_TRUE(sink->Wait());
-        EXPECT_TRUE(sink->error().ok()) << sink->error();
-        outputs[device].push_back(sink->tokens());
+      ASSERT_EQ(outputs[0].size(), outputs[1].size());
+      for (size_t i = 0; i < outputs[0].size(); ++i) {
+        size_t first = 0;
+        while (first < outputs[0][i].size() && first < outputs[1][i].size() &&
+               outputs[0][i][first] == outputs[1][i][first]) {
+          ++first;
+        }
+        EXPECT_EQ(outputs[1][i], outputs[0][i])
+            << "prompt " << i << ": first divergence at token " << first;
       }
-    }
-    ASSERT_EQ(outputs[0].size(), outputs[1].size());
-    for (size_t i = 0; i < outputs[0].size(); ++i) {
-      size_t first = 0;
-      while (first < outputs[0][i].size() && first < outputs[1][i].size() &&
-             outputs[0][i][first] == outputs[1][i][first]) {
-        ++first;
-      }
-      EXPECT_EQ(outputs[1][i], outputs[0][i])
-          << "prompt " << i << ": first divergence at token " << first;
     }
   }
 }
