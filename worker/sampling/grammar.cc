@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "xgrammar/xgrammar.h"
 
 namespace tandem {
@@ -29,6 +30,34 @@ class Grammar {
 };
 
 namespace {
+
+// The deepest nesting of objects and arrays in `text`; -1 when it is not JSON.
+int JsonDepth(const std::string& text) {
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return -1;
+  int deepest = 0;
+  std::vector<std::pair<const nlohmann::json*, int>> stack = {{&doc, 1}};
+  while (!stack.empty()) {
+    const auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (!node->is_structured()) continue;
+    deepest = std::max(deepest, depth);
+    for (const nlohmann::json& child : *node) stack.push_back({&child, depth + 1});
+  }
+  return deepest;
+}
+
+// xgrammar's error text without its log prefix ("[hh:mm:ss] <source file>:<line>: ").
+std::string ErrorText(const std::string& what) {
+  if (what.empty() || what[0] != '[') return what;
+  for (const char* source : {".cc:", ".h:"}) {
+    const size_t at = what.find(source);
+    if (at == std::string::npos) continue;
+    const size_t colon = what.find(": ", at + std::string(source).size());
+    if (colon != std::string::npos) return what.substr(colon + 2);
+  }
+  return what;
+}
 
 // Compiled grammars kept by the compiler's cache, at most.
 constexpr int64_t kCacheBytes = int64_t{256} << 20;
@@ -89,6 +118,16 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCompiler::Compile(
         "the ", spec.kind == GrammarSpec::Kind::kJsonSchema ? "JSON schema" : "structural tag",
         " has ", spec.text.size(), " bytes; at most ", kMaxGrammarBytes));
   }
+  const char* what =
+      spec.kind == GrammarSpec::Kind::kStructuralTag ? "structural tag" : "JSON schema";
+  if (spec.kind != GrammarSpec::Kind::kJsonObject) {
+    const int depth = JsonDepth(spec.text);
+    if (depth < 0) return absl::InvalidArgumentError(absl::StrCat("the ", what, " is not JSON"));
+    if (depth > kMaxGrammarDepth) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", what, " nests ", depth, " objects and arrays deep; at most ", kMaxGrammarDepth));
+    }
+  }
   try {
     std::optional<xgrammar::CompiledGrammar> compiled;
     switch (spec.kind) {
@@ -113,9 +152,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCompiler::Compile(
     return std::make_shared<const Grammar>(*std::move(compiled), impl_->special);
   } catch (const std::exception& e) {
     // xgrammar reports what it cannot compile by throwing; its message names the problem.
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.kind == GrammarSpec::Kind::kStructuralTag ? "structural tag" : "JSON schema",
-        " refused: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(what, " refused: ", ErrorText(e.what())));
   }
 }
 

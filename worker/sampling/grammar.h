@@ -23,6 +23,10 @@ namespace tandem {
 
 // Largest schema or structural tag a request may carry, in bytes.
 inline constexpr size_t kMaxGrammarBytes = 64 * 1024;
+// Deepest nesting of objects and arrays in a schema or structural tag document. Compiling grows
+// faster than linearly with nesting: 128 nested array schemas compile in 0.1 s on the bundled
+// vocabulary, 1500 (37 KB) took 140 s.
+inline constexpr int kMaxGrammarDepth = 128;
 // Longest run of whitespace between JSON tokens (room for a newline and indentation): a model
 // cannot fill its budget with blanks, a known failure of unconstrained whitespace in JSON modes.
 inline constexpr int kMaxJsonWhitespace = 32;
@@ -56,8 +60,9 @@ class GrammarCompiler {
   GrammarCompiler(const GrammarCompiler&) = delete;
   GrammarCompiler& operator=(const GrammarCompiler&) = delete;
 
-  // InvalidArgument naming what is wrong for a spec over kMaxGrammarBytes or one the engine
-  // refuses (not JSON, an unsupported schema feature). Compiled grammars are cached by spec.
+  // InvalidArgument naming what is wrong for a spec over kMaxGrammarBytes or kMaxGrammarDepth,
+  // or one the engine refuses (not JSON, an unsupported schema feature). Compiled grammars are
+  // cached by spec.
   absl::StatusOr<std::shared_ptr<const Grammar>> Compile(const GrammarSpec& spec) const;
 
  private:

@@ -175,6 +175,20 @@ TEST_F(GrammarTest, RefusesBadAndOversizedSchemas) {
       compiler_->Compile({.kind = GrammarSpec::Kind::kJsonSchema, .text = huge});
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(big.status().message(), ::testing::HasSubstr("at most"));
+  // Deep nesting is refused before compiling (it compiles in time growing faster than linearly).
+  std::string deep = R"({"type": "string"})";
+  for (int i = 0; i < kMaxGrammarDepth; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
+  absl::StatusOr<std::shared_ptr<const Grammar>> nested =
+      compiler_->Compile({.kind = GrammarSpec::Kind::kJsonSchema, .text = deep});
+  EXPECT_EQ(nested.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(nested.status().message(), ::testing::HasSubstr("nests 129"));
+  // xgrammar's refusals come without its log prefix (no source paths).
+  absl::StatusOr<std::shared_ptr<const Grammar>> regex =
+      compiler_->Compile({.kind = GrammarSpec::Kind::kJsonSchema,
+                          .text = R"({"type": "string", "pattern": "a{1000}{1000}"})"});
+  ASSERT_EQ(regex.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(regex.status().message(), ::testing::Not(::testing::HasSubstr(".cc:")));
+  EXPECT_THAT(regex.status().message(), ::testing::HasSubstr("Regex parsing error"));
 }
 
 }  // namespace
