@@ -151,7 +151,7 @@ absl::StatusOr<bool> ParseTools(const json& body, v1::GenerateRequest* request) 
   }
   json listed = json::array();
   for (const json& tool : body["tools"]) listed.push_back(tool);
-  request->mutable_chat()->set_tools(listed.dump());
+  request->mutable_chat()->set_tools(Dump(listed));
   if (choice == "none") return false;
 
   if (request->has_response_format() && !request->response_format().type().empty() &&
@@ -182,7 +182,7 @@ absl::StatusOr<bool> ParseTools(const json& body, v1::GenerateRequest* request) 
               {"at_least_one", true},
               {"stop_after_first", !parallel || choice == "function"}};
   }
-  const std::string tag = json{{"type", "structural_tag"}, {"format", std::move(format)}}.dump();
+  const std::string tag = Dump(json{{"type", "structural_tag"}, {"format", std::move(format)}});
   if (tag.size() > kMaxGrammarBytes) {
     return BadParam("tools", absl::StrCat("the tools' schemas take ", tag.size(),
                                           " bytes as a grammar; at most ", kMaxGrammarBytes));
