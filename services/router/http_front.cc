@@ -311,12 +311,12 @@ class Handlers {
       request.set_max_tokens(model != nullptr ? std::max(1, model->max_context() - 1)
                                               : http::kDefaultCompletionMaxTokens);
     }
+    // logprobs as asked: best_of's own ranking logprobs stay hidden.
     http::ResponseMeta meta{.id = http::NewResponseId(api),
                             .created = static_cast<int64_t>(std::time(nullptr)),
                             .model = model != nullptr ? model->id() : request.model(),
                             .logprobs = request.logprobs(),
-                            .tool_calls = parsed->tool_calls};  // as asked: best_of's own
-                                                                // ranking logprobs stay hidden
+                            .tool_calls = parsed->tool_calls};
     request.set_request_id(meta.id);
 
     // One call per completion (best_of of them): they share the prompt's KV when they land on
