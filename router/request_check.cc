@@ -64,11 +64,10 @@ absl::Status CheckRequest(const RouterRequest& request, const ModelDescription& 
   }
   if (absl::Status adjust = CheckLogitAdjust(request.adjust, 0); !adjust.ok()) return adjust;
   const std::string& format = request.response_format;
-  if (!format.empty() && format != "text" && format != "json_object" && format != "json_schema" &&
-      format != "structural_tag") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("response_format type '", format,
-                     "' is not supported (text, json_object, json_schema or structural_tag)"));
+  if (!format.empty() && format != "text") {
+    if (absl::StatusOr<GrammarSpec::Kind> kind = GrammarKindOf(format); !kind.ok()) {
+      return kind.status();
+    }
   }
   if (request.response_schema_bytes > kMaxGrammarBytes) {
     return absl::InvalidArgumentError(absl::StrCat("response_format's schema has ",

@@ -303,23 +303,17 @@ absl::Status ApplyModeOptions(const v1::ModeOptions& given, ModeOptions* options
 // an unknown type or a schema where none belongs or none is given.
 absl::StatusOr<std::optional<GrammarSpec>> ToGrammarSpec(const v1::ResponseFormat& format) {
   const std::string& type = format.type();
-  if (type.empty() || type == "text" || type == "json_object") {
-    if (!format.schema().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "response_format type '", type, "' takes no schema (json_schema or structural_tag do)"));
-    }
-    if (type != "json_object") return std::nullopt;
-    return GrammarSpec{.kind = GrammarSpec::Kind::kJsonObject};
+  std::optional<GrammarSpec> spec;
+  if (!type.empty() && type != "text") {
+    TANDEM_ASSIGN_OR_RETURN(GrammarSpec::Kind kind, GrammarKindOf(type));
+    spec = GrammarSpec{.kind = kind, .text = format.schema()};
   }
-  GrammarSpec spec{.kind = GrammarSpec::Kind::kJsonSchema, .text = format.schema()};
-  if (type == "structural_tag") {
-    spec.kind = GrammarSpec::Kind::kStructuralTag;
-  } else if (type != "json_schema") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("response_format type '", type,
-                     "' is not supported (text, json_object, json_schema or structural_tag)"));
+  const bool takes_schema = spec.has_value() && spec->kind != GrammarSpec::Kind::kJsonObject;
+  if (!takes_schema && !format.schema().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "response_format type '", type, "' takes no schema (json_schema or structural_tag do)"));
   }
-  if (spec.text.empty()) {
+  if (takes_schema && format.schema().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("response_format ", type, " needs its schema (response_format.schema)"));
   }

@@ -399,7 +399,6 @@ class DraftEngine::Loop {
   void ArStep();
   std::vector<ArPlanned> PlanAr(const std::vector<Session*>& candidates);
   void CommitAr(const std::vector<ArPlanned>& planned, const std::vector<ExtendOutput>& out);
-  std::vector<float> row_;  // CommitAr's scratch: a logit row masked by a session's grammar
   // The step's time and tokens to the stats' averages and the observer.
   void AccountStep(double seconds, int batch_tokens);
   // Block drafts of the sessions that are due.
@@ -542,6 +541,7 @@ class DraftEngine::Loop {
   std::map<Key, Session> sessions_;  // ordered: a stream's sessions are one range
   DraftEngineStats stats_;
   std::unique_ptr<DiffusionDrafter> block_drafter_;  // null without a diffusion pathway
+  std::vector<float> row_;  // CommitAr's scratch: a logit row masked by a session's grammar
 };
 
 void DraftEngine::Loop::BlockStep() {

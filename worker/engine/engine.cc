@@ -242,18 +242,11 @@ void Engine::Impl::AttachCachedPrefix(EngineSequence& s) {
   if (s.usage.preemptions == 0) s.usage.cached_tokens = std::min(s.kv_len, s.prompt_len);
 }
 
-const std::shared_ptr<const std::vector<std::string>>& Engine::Impl::TokenBytes() {
-  std::call_once(token_bytes_once_, [this] {
-    token_bytes_ = std::make_shared<const std::vector<std::string>>(
-        GrammarTokenBytes(*model_->tokenizer, model_->model->config().vocab_size));
-  });
-  return token_bytes_;
-}
-
 const GrammarCompiler& Engine::Impl::Grammars() {
   std::call_once(grammar_compiler_once_, [this] {
+    const int vocab = model_->model->config().vocab_size;
     grammar_compiler_ = std::make_unique<GrammarCompiler>(
-        *TokenBytes(), model_->model->config().vocab_size, stop_tokens_);
+        GrammarTokenBytes(*model_->tokenizer, vocab), vocab, stop_tokens_);
   });
   return *grammar_compiler_;
 }

@@ -222,13 +222,8 @@ class Engine::Impl {
   const DraftChannelFactory drafters_;
   const int context_;
   std::vector<int32_t> stop_tokens_;
-  // Every token's bytes, for structured output; made once, by the first request that asks for it
-  // (on the caller's thread: Submit).
-  std::once_flag token_bytes_once_;
-  std::shared_ptr<const std::vector<std::string>> token_bytes_;
-  const std::shared_ptr<const std::vector<std::string>>& TokenBytes();
-  // Structured output's compiler over the model's vocabulary, made at the first request that
-  // needs it.
+  // Structured output's compiler over the model's token bytes, made at the first request that
+  // needs it (on the caller's thread: Submit).
   std::once_flag grammar_compiler_once_;
   std::unique_ptr<GrammarCompiler> grammar_compiler_;
   const GrammarCompiler& Grammars();

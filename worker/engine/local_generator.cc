@@ -23,12 +23,7 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOpt
 
 absl::StatusOr<std::string> ApplyChat(const LoadedModel& model, std::span<const ChatTurn> turns,
                                       std::string_view tools) {
-  if (model.chat_template == nullptr) {
-    const bool calls = std::any_of(turns.begin(), turns.end(),
-                                   [](const ChatTurn& t) { return !t.tool_calls.empty(); });
-    if (tools.empty() && !calls) return ApplyChatMl(turns);
-    return ApplyChatMlWithTools(turns, tools.empty() ? "[]" : tools);
-  }
+  if (model.chat_template == nullptr) return ApplyChatMlWithTools(turns, tools);
   absl::StatusOr<std::string> text = model.chat_template->Apply(turns, true, tools);
   if (!text.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -66,27 +66,6 @@ constexpr int kCompileThreads = 2;
 
 }  // namespace
 
-const char* GrammarTypeName(GrammarSpec::Kind kind) {
-  switch (kind) {
-    case GrammarSpec::Kind::kJsonObject:
-      return "json_object";
-    case GrammarSpec::Kind::kJsonSchema:
-      return "json_schema";
-    case GrammarSpec::Kind::kStructuralTag:
-      return "structural_tag";
-  }
-  return "";
-}
-
-absl::StatusOr<GrammarSpec::Kind> GrammarKindOf(const std::string& type) {
-  for (GrammarSpec::Kind kind : {GrammarSpec::Kind::kJsonObject, GrammarSpec::Kind::kJsonSchema,
-                                 GrammarSpec::Kind::kStructuralTag}) {
-    if (type == GrammarTypeName(kind)) return kind;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("grammar type '", type, "' is not json_object, json_schema or structural_tag"));
-}
-
 struct GrammarCompiler::Impl {
   Impl(const std::vector<std::string>& token_bytes, int vocab_size,
        std::vector<int32_t> stop_tokens)
@@ -203,15 +182,6 @@ bool GrammarCursor::MoveTo(std::span<const int32_t> first, std::span<const int32
     s.path.push_back(at(i));
   }
   return true;
-}
-
-int GrammarCursor::Accepted(std::span<const int32_t> first, std::span<const int32_t> then) {
-  MoveTo(first, then);
-  const std::vector<int32_t>& path = impl_->path;
-  if (path.size() < first.size() || !std::equal(first.begin(), first.end(), path.begin())) {
-    return -1;
-  }
-  return static_cast<int>(path.size() - first.size());
 }
 
 void GrammarCursor::Mask(std::span<float> row) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace tandem {
 
@@ -42,9 +43,29 @@ struct GrammarSpec {
 };
 
 // The response_format type of a kind ("json_object", "json_schema", "structural_tag"), and the
-// kind of a type name (InvalidArgument naming it for another).
-const char* GrammarTypeName(GrammarSpec::Kind kind);
-absl::StatusOr<GrammarSpec::Kind> GrammarKindOf(const std::string& type);
+// kind of a type name (InvalidArgument naming it for another). Inline: the request checks use
+// them in builds without the grammar engine.
+inline const char* GrammarTypeName(GrammarSpec::Kind kind) {
+  switch (kind) {
+    case GrammarSpec::Kind::kJsonObject:
+      return "json_object";
+    case GrammarSpec::Kind::kJsonSchema:
+      return "json_schema";
+    case GrammarSpec::Kind::kStructuralTag:
+      return "structural_tag";
+  }
+  return "";
+}
+
+inline absl::StatusOr<GrammarSpec::Kind> GrammarKindOf(const std::string& type) {
+  for (GrammarSpec::Kind kind : {GrammarSpec::Kind::kJsonObject, GrammarSpec::Kind::kJsonSchema,
+                                 GrammarSpec::Kind::kStructuralTag}) {
+    if (type == GrammarTypeName(kind)) return kind;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("response_format type '", type,
+                   "' is not supported (text, json_object, json_schema or structural_tag)"));
+}
 
 // A compiled constraint; opaque outside grammar.cc.
 class Grammar;
@@ -83,9 +104,6 @@ class GrammarCursor {
   // refuses one of them (a rejected draft's path); the state is then that after the longest
   // accepted prefix, and Mask must not be called.
   bool MoveTo(std::span<const int32_t> first, std::span<const int32_t> then);
-  // How many tokens of `then` the grammar accepts after `first` (all of them: then.size()); -1
-  // when it refuses `first`. Moves as MoveTo does.
-  int Accepted(std::span<const int32_t> first, std::span<const int32_t> then);
   // Sets to -inf each logit of `row` that the grammar does not allow next.
   void Mask(std::span<float> row);
   // Whether the text so far is a whole match (a stop token may end it here).

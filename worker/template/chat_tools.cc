@@ -61,23 +61,25 @@ absl::StatusOr<ordered_json> ChatToolsJson(std::string_view tools) {
 absl::StatusOr<std::string> ApplyChatMlWithTools(std::span<const ChatTurn> turns,
                                                  std::string_view tools,
                                                  bool add_generation_prompt) {
-  absl::StatusOr<ordered_json> list = ChatToolsJson(tools);
-  if (!list.ok()) return list.status();
-  std::string listing =
-      "You can call functions to help with the request. Their signatures, one JSON object per "
-      "line:\n<tools>\n";
-  for (const ordered_json& tool : *list) absl::StrAppend(&listing, tool.dump(), "\n");
-  absl::StrAppend(&listing,
-                  "</tools>\nTo call one, write a JSON object with its name and arguments "
-                  "between tags:\n<tool_call>\n{\"name\": <function name>, \"arguments\": "
-                  "<arguments object>}\n</tool_call>");
   std::vector<ChatTurn> out;
   size_t first = 0;
-  if (!turns.empty() && turns[0].role == "system") {
-    out.push_back({"system", absl::StrCat(turns[0].content, "\n\n", listing)});
-    first = 1;
-  } else {
-    out.push_back({"system", listing});
+  if (!tools.empty()) {
+    absl::StatusOr<ordered_json> list = ChatToolsJson(tools);
+    if (!list.ok()) return list.status();
+    std::string listing =
+        "You can call functions to help with the request. Their signatures, one JSON object per "
+        "line:\n<tools>\n";
+    for (const ordered_json& tool : *list) absl::StrAppend(&listing, tool.dump(), "\n");
+    absl::StrAppend(&listing,
+                    "</tools>\nTo call one, write a JSON object with its name and arguments "
+                    "between tags:\n<tool_call>\n{\"name\": <function name>, \"arguments\": "
+                    "<arguments object>}\n</tool_call>");
+    if (!turns.empty() && turns[0].role == "system") {
+      out.push_back({"system", absl::StrCat(turns[0].content, "\n\n", listing)});
+      first = 1;
+    } else {
+      out.push_back({"system", listing});
+    }
   }
   for (size_t i = first; i < turns.size(); ++i) {
     ChatTurn turn = turns[i];

@@ -24,8 +24,9 @@ absl::StatusOr<nlohmann::ordered_json> ChatMessagesJson(std::span<const ChatTurn
 absl::StatusOr<nlohmann::ordered_json> ChatToolsJson(std::string_view tools);
 
 // ChatML (ApplyChatMl) with tools: a system turn lists them (merged into the conversation's own
-// system turn when it starts with one), an assistant's calls follow its content as
-// <tool_call> blocks, a tool's answer is a "tool" turn inside <tool_response>.
+// system turn when it starts with one; none when `tools` is empty), an assistant's calls follow
+// its content as <tool_call> blocks, a tool's answer is a "tool" turn inside <tool_response>.
+// Turns with none of these render as ApplyChatMl renders them.
 absl::StatusOr<std::string> ApplyChatMlWithTools(std::span<const ChatTurn> turns,
                                                  std::string_view tools,
                                                  bool add_generation_prompt = true);

@@ -89,8 +89,8 @@ TEST_F(DraftEngineTest, AGrammarSessionDraftsInsideTheGrammar) {
   auto free = chains_.WaitCovered(2, len, 2 * gamma + 1);
   ASSERT_TRUE(constrained.has_value() && free.has_value());
   GrammarCursor cursor(*grammar, {63});
-  EXPECT_EQ(cursor.Accepted({}, *constrained), static_cast<int>(constrained->size()));
-  EXPECT_LT(cursor.Accepted({}, *free), static_cast<int>(free->size()));
+  EXPECT_TRUE(cursor.MoveTo({}, *constrained));
+  EXPECT_FALSE(cursor.MoveTo({}, *free));
   EXPECT_EQ((*constrained)[0], 1) << "an object starts with '{'";
 
   // After an advance the chain continues inside the grammar from the new final tokens.
@@ -98,7 +98,7 @@ TEST_F(DraftEngineTest, AGrammarSessionDraftsInsideTheGrammar) {
   engine_->Advance(stream_, 1, len, append, 0);
   auto next = chains_.WaitCovered(1, len + 2, 2 * gamma + 1);
   ASSERT_TRUE(next.has_value());
-  EXPECT_EQ(cursor.Accepted(append, *next), static_cast<int>(next->size()));
+  EXPECT_TRUE(cursor.MoveTo(append, *next));
 
   // A prompt length past the tokens ends the session.
   engine_->Open(stream_, 3, prompt, gamma, {}, 0,

@@ -181,13 +181,8 @@ class EngineLogitsTest : public testing::BundledModelTest {
     }
     const auto sinks = Submit(engine, requests);
     const int vocab = model_->model->config().vocab_size;
-    std::vector<std::string> bytes(static_cast<size_t>(vocab));
-    for (int32_t id = 0; id < vocab; ++id) {
-      if (!model_->tokenizer->IsSpecial(id))
-        bytes[static_cast<size_t>(id)] = *model_->tokenizer->Decode({&id, 1});
-    }
     const std::vector<int32_t> eos = model_->model->config().eos_token_ids;
-    GrammarCompiler compiler(bytes, vocab, eos);
+    GrammarCompiler compiler(GrammarTokenBytes(*model_->tokenizer, vocab), vocab, eos);
     absl::StatusOr<std::shared_ptr<const Grammar>> grammar = compiler.Compile(spec);
     EXPECT_TRUE(grammar.ok()) << grammar.status();
     if (!grammar.ok()) return 0;

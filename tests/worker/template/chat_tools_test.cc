@@ -54,6 +54,9 @@ TEST(ChatToolsTest, ChatMlListsToolsAndWritesCallsAsHermesBlocks) {
                                "\"arguments\":{\"city\":\"Paris\"}}\n</tool_call><|im_end|>"));
   EXPECT_THAT(*text, HasSubstr("<|im_start|>tool\n<tool_response>\n18 C\n</tool_response>"));
   EXPECT_THAT(*text, ::testing::EndsWith("<|im_start|>assistant\n"));
+  // Without tools or tool turns it is plain ChatML.
+  const std::vector<ChatTurn> plain = {{"system", "Be brief."}, {"user", "Hi"}};
+  EXPECT_EQ(*ApplyChatMlWithTools(plain, ""), ApplyChatMl(plain));
   EXPECT_EQ(ApplyChatMlWithTools(Conversation(), "3").status().code(),
             absl::StatusCode::kInvalidArgument);
   std::vector<ChatTurn> bad = Conversation();
