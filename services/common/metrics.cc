@@ -210,6 +210,13 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
     for (const char* reason : {"late", "drafter_down"}) {
       fallbacks_->Add({{"reason", reason}});
     }
+    draft_stream_breaks_ =
+        r.Counters("tandem_draft_stream_breaks_total",
+                   "Draft streams to a drafter that broke (ended, write_failed, backlog, "
+                   "hidden_transport); their sequences decode without drafts");
+    for (const char* reason : {"ended", "write_failed", "backlog", "hidden_transport"}) {
+      draft_stream_breaks_->Add({{"reason", reason}});
+    }
   }
   if (router) {
     mode_decisions_ = r.Counters("tandem_mode_decisions_total",
@@ -387,6 +394,10 @@ void ServiceMetrics::AddHiddenTransportStream(const std::string& transport) {
   if (hidden_transport_streams_ != nullptr) {
     hidden_transport_streams_->Add({{"transport", transport}}).Increment();
   }
+}
+
+void ServiceMetrics::AddDraftStreamBreak(const std::string& reason) {
+  if (draft_stream_breaks_ != nullptr) draft_stream_breaks_->Add({{"reason", reason}}).Increment();
 }
 
 void ServiceMetrics::AddDrafterFallback(const std::string& reason) {

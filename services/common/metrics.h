@@ -114,6 +114,9 @@ class ServiceMetrics {
   // nccl, or failed when NCCL was required and impossible; a stream that falls back from nccl
   // counts again under bytes or failed).
   void AddHiddenTransportStream(const std::string& transport);
+  // Verifier: a Draft stream broke (`reason`: ended, write_failed, backlog, hidden_transport);
+  // its sequences decode without drafts.
+  void AddDraftStreamBreak(const std::string& reason);
 
   // Drafter.
   void SetDrafterSessions(int64_t sessions);
@@ -161,6 +164,7 @@ class ServiceMetrics {
   prometheus::Gauge* drafter_sessions_ = nullptr;
   prometheus::Counter* drafter_forwards_ = nullptr;
   prometheus::Family<prometheus::Counter>* fallbacks_ = nullptr;
+  prometheus::Family<prometheus::Counter>* draft_stream_breaks_ = nullptr;
   prometheus::Family<prometheus::Counter>* hidden_transport_streams_ = nullptr;
 };
 

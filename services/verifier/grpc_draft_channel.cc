@@ -72,7 +72,9 @@ struct GrpcDraftChannel::Core {
   // The write in flight completed; the next message to write, if any.
   std::optional<v1::DraftClientMessage> NextWrite();
   // Ends the channel for good and reports an error to every open session (unless `quiet`).
-  void Break(const std::string& reason, bool quiet = false);
+  // `kind` labels tandem_draft_stream_breaks_total (ended, write_failed, backlog,
+  // hidden_transport); a quiet break (the channel's own close) is neither logged nor counted.
+  void Break(const char* kind, const std::string& reason, bool quiet = false);
   // Delivers a chain read from the stream if its session is still open here.
   void Deliver(DraftChain chain);
 
@@ -121,7 +123,7 @@ class GrpcDraftChannel::Stream final
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      core_->Break("the stream ended");
+      core_->Break("ended", "the stream ended (the drafter closed it or the connection was lost)");
       return;
     }
     if (in_.has_hidden_transport()) {
@@ -143,14 +145,14 @@ class GrpcDraftChannel::Stream final
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      core_->Break("a write failed");
+      core_->Break("write_failed", "a write failed");
       return;
     }
     if (std::optional<v1::DraftClientMessage> next = core_->NextWrite()) Write(std::move(*next));
   }
 
   void OnDone(const grpc::Status& status) override {
-    core_->Break(absl::StrCat("the stream ended: ", status.error_message()));
+    core_->Break("ended", absl::StrCat("the stream ended: ", status.error_message()));
     std::shared_ptr<Core> core = std::move(core_);
     delete this;
     core->done.Notify();
@@ -189,7 +191,8 @@ absl::StatusOr<std::optional<v1::DraftClientMessage>> GrpcDraftChannel::Core::En
     overflow = true;
   }
   if (overflow) {
-    Break(absl::StrCat("more than ", max_queued, " messages are waiting for it to read"));
+    Break("backlog",
+          absl::StrCat("more than ", max_queued, " messages are waiting for it to read"));
   }
   return absl::UnavailableError(absl::StrCat("the drafter at ", address,
                                              " stopped reading its draft stream; the channel "
@@ -215,7 +218,7 @@ std::optional<v1::DraftClientMessage> GrpcDraftChannel::Core::NextWrite() {
   return next;
 }
 
-void GrpcDraftChannel::Core::Break(const std::string& reason, bool quiet) {
+void GrpcDraftChannel::Core::Break(const char* kind, const std::string& reason, bool quiet) {
   std::unordered_set<uint64_t> sessions;
   {
     absl::MutexLock lock(&mu);
@@ -228,6 +231,10 @@ void GrpcDraftChannel::Core::Break(const std::string& reason, bool quiet) {
   }
   context.TryCancel();
   if (quiet) return;
+  // Visible: its sequences now decode without drafts (as AR steps) until a new channel opens.
+  Log(absl::StrCat("broke (", reason, "); its ", sessions.size(),
+                   " open sessions decode without drafts from now on"));
+  if (hidden_options.metrics != nullptr) hidden_options.metrics->AddDraftStreamBreak(kind);
   absl::MutexLock lock(&delivery_mu);
   for (uint64_t session : sessions) {
     on_chain(DraftChain{
@@ -288,7 +295,7 @@ GrpcDraftChannel::GrpcDraftChannel(std::shared_ptr<Core> core) : core_(std::move
 
 GrpcDraftChannel::~GrpcDraftChannel() {
   core_->info_context.TryCancel();
-  core_->Break("the channel was closed", /*quiet=*/true);
+  core_->Break("closed", "the channel was closed", /*quiet=*/true);
   core_->stream->ReleaseHold();
   core_->done.WaitForNotification();
   core_->info_done.WaitForNotification();
@@ -317,20 +324,44 @@ absl::Status GrpcDraftChannel::Open(uint64_t session, std::span<const int32_t> t
     open->set_prompt_len(grammar->prompt_len);
     open->mutable_stop_token_ids()->Add(grammar->stop_tokens.begin(), grammar->stop_tokens.end());
   }
+  // The open carries every token, so its rows' pieces after the first are rows alone.
+  const int length = static_cast<int>(tokens.size());
+  std::vector<HiddenPiece> pieces = SplitHiddenRows(length, 0, hidden, kMaxHiddenBytesPerMessage);
   Core* core = core_.get();
-  return core->Send(std::move(message),
-                    [core, session, &hidden](v1::DraftClientMessage& m)
-                        ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                          core->open.insert(session);
-                          if (!hidden.empty()) {
-                            core->hidden_sender->Encode(hidden, m.mutable_open()->mutable_hidden());
-                          }
-                        });
+  const HiddenRows& first = pieces.front().rows;
+  absl::Status sent =
+      core->Send(std::move(message),
+                 [core, session, &first](v1::DraftClientMessage& m) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                   core->open.insert(session);
+                   if (!first.empty()) {
+                     core->hidden_sender->Encode(first, m.mutable_open()->mutable_hidden());
+                   }
+                 });
+  for (size_t i = 1; i < pieces.size() && sent.ok(); ++i) {
+    sent = SendAdvance(session, length, {}, 0, pieces[i].rows);
+  }
+  return sent;
 }
 
 absl::Status GrpcDraftChannel::Advance(uint64_t session, int offset,
                                        std::span<const int32_t> append, int gamma,
                                        const HiddenRows& hidden) {
+  const std::vector<HiddenPiece> pieces =
+      SplitHiddenRows(offset, static_cast<int>(append.size()), hidden, kMaxHiddenBytesPerMessage);
+  absl::Status sent;
+  for (size_t i = 0; i < pieces.size() && sent.ok(); ++i) {
+    const HiddenPiece& p = pieces[i];
+    const bool last = i + 1 == pieces.size();
+    sent = SendAdvance(session, offset + p.append_begin,
+                       append.subspan(p.append_begin, p.append_end - p.append_begin),
+                       last ? gamma : 0, p.rows);
+  }
+  return sent;
+}
+
+absl::Status GrpcDraftChannel::SendAdvance(uint64_t session, int offset,
+                                           std::span<const int32_t> append, int gamma,
+                                           const HiddenRows& hidden) {
   v1::DraftClientMessage message;
   message.set_session(session);
   message.mutable_advance()->set_offset(offset);
@@ -342,6 +373,44 @@ absl::Status GrpcDraftChannel::Advance(uint64_t session, int offset,
                     [core, &hidden](v1::DraftClientMessage& m) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                       core->hidden_sender->Encode(hidden, m.mutable_advance()->mutable_hidden());
                     });
+}
+
+std::vector<HiddenPiece> SplitHiddenRows(int have, int append, const HiddenRows& rows,
+                                         size_t max_bytes) {
+  const size_t token_bytes =
+      static_cast<size_t>(rows.layers) * static_cast<size_t>(rows.hidden_size) * sizeof(uint16_t);
+  std::vector<HiddenPiece> pieces;
+  if (rows.device != nullptr || rows.tokens <= 1 ||
+      token_bytes * static_cast<size_t>(rows.tokens) <= max_bytes) {
+    pieces.push_back(HiddenPiece{.append_begin = 0, .append_end = append, .rows = rows});
+    return pieces;
+  }
+  const int per_piece = static_cast<int>(std::max<size_t>(1, max_bytes / token_bytes));
+  const size_t row_values = static_cast<size_t>(rows.hidden_size);
+  int sent = 0;  // tokens of `append` in earlier pieces
+  for (int first = 0; first < rows.tokens; first += per_piece) {
+    const int count = std::min(per_piece, rows.tokens - first);
+    HiddenRows piece{.layers = rows.layers,
+                     .tokens = count,
+                     .hidden_size = rows.hidden_size,
+                     .offset = rows.offset + first};
+    piece.bf16.reserve(static_cast<size_t>(rows.layers) * count * row_values);
+    for (int layer = 0; layer < rows.layers; ++layer) {
+      const auto begin =
+          rows.bf16.begin() +
+          static_cast<std::ptrdiff_t>(
+              (static_cast<size_t>(layer) * rows.tokens + static_cast<size_t>(first)) * row_values);
+      piece.bf16.insert(piece.bf16.end(), begin,
+                        begin + static_cast<std::ptrdiff_t>(count * row_values));
+    }
+    // A row goes with its token or after it: the tokens up to this piece's last row.
+    const int needed = std::clamp(piece.offset + count - have, sent, append);
+    pieces.push_back(
+        HiddenPiece{.append_begin = sent, .append_end = needed, .rows = std::move(piece)});
+    sent = needed;
+  }
+  pieces.back().append_end = append;
+  return pieces;
 }
 
 void GrpcDraftChannel::Close(uint64_t session) {
@@ -383,7 +452,7 @@ void GrpcDraftChannel::Core::SetUpHiddenTransport(const HiddenTransportEnd& draf
   if (choice.failed) {
     Log(absl::StrCat("hidden states cannot travel: ", choice.reason));
     Count("failed");
-    Break(absl::StrCat("hidden-state transport: ", choice.reason));
+    Break("hidden_transport", absl::StrCat("hidden-state transport: ", choice.reason));
     return;
   }
   if (choice.kind == HiddenTransportKind::kBytes) {
@@ -463,7 +532,7 @@ void GrpcDraftChannel::Core::NcclFailed(const std::string& reason) {
   if (required) {
     Log(absl::StrCat("NCCL failed and --hidden-transport nccl forbids bytes: ", reason));
     Count("failed");
-    Break(absl::StrCat("NCCL hidden-state transport failed: ", reason));
+    Break("hidden_transport", absl::StrCat("NCCL hidden-state transport failed: ", reason));
     return;
   }
   Log(absl::StrCat("NCCL failed (", reason, "); hidden states go as in-stream bytes"));

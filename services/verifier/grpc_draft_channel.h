@@ -16,6 +16,8 @@
 // switches to NCCL once the drafter says ready; a failure falls back to bytes, or, when NCCL
 // was required (either side's --hidden-transport nccl), breaks the channel with the reason.
 // The choice is logged once per stream and counted in tandem_hidden_transport_streams_total.
+// Rows past kMaxHiddenBytesPerMessage travel in several messages (SplitHiddenRows). A stream
+// that breaks is logged with its reason and counted in tandem_draft_stream_breaks_total.
 //
 // Thread-safety: Open, Advance, Close and healthy() may be called from any thread, but not
 // concurrently with the destructor. The destructor cancels the stream and waits for it to end
@@ -25,6 +27,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -46,6 +49,27 @@ struct DraftHiddenTransportOptions {
   ServiceMetrics* metrics = nullptr;  // may be null
   std::string log_name = "tandem-verifier";
 };
+
+// The most bytes of hidden-state rows one Draft stream message carries. Real sizes exceed gRPC's
+// default 4 MiB receive limit: hidden 4096 with 5 tapped layers is 40 KiB a token, so one
+// 256-token prefill chunk's rows are 10 MiB; in pieces of 1 MiB every message stays well under
+// the limit, and no service needs a raised one.
+inline constexpr size_t kMaxHiddenBytesPerMessage = size_t{1} << 20;
+
+// One message's share of an open or advance whose rows are too many for one message: its rows,
+// and the tokens [append_begin, append_end) of the advance's `append` that go with them.
+struct HiddenPiece {
+  int append_begin = 0;
+  int append_end = 0;
+  HiddenRows rows;
+};
+
+// The messages, in order, of an advance appending `append` tokens to a drafter session that has
+// `have`, with host `rows`: pieces of at most `max_bytes` of rows (one token's rows at least),
+// each with the appended tokens its rows need (a drafter takes no row before its token), the
+// last with the rest. One piece, the whole advance, when the rows fit or live on a device.
+std::vector<HiddenPiece> SplitHiddenRows(int have, int append, const HiddenRows& rows,
+                                         size_t max_bytes);
 
 class GrpcDraftChannel final : public DraftChannel {
  public:
@@ -78,6 +102,9 @@ class GrpcDraftChannel final : public DraftChannel {
   struct Core;
 
   explicit GrpcDraftChannel(std::shared_ptr<Core> core);
+  // One Advance message.
+  absl::Status SendAdvance(uint64_t session, int offset, std::span<const int32_t> append, int gamma,
+                           const HiddenRows& hidden);
 
   std::shared_ptr<Core> core_;
 };

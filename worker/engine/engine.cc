@@ -72,8 +72,7 @@ void Engine::Impl::Loop() {
     }
     OpenSessions(candidates);
     ChooseGammas(candidates);
-    WaitForChains(candidates);
-    Step(candidates);
+    Step(WaitForChains(candidates));
     PublishLoad();
   }
   // Shutdown: everything still live ends as cancelled, on this thread like every event.

@@ -19,6 +19,10 @@ constexpr absl::Duration kExactDraftWait = absl::Seconds(5);
 // Draft steps in a row without a draft after which a drafter's sequences stop waiting for it:
 // a silent drafter then costs three draft timeouts, not one per step.
 constexpr int kLateStepsBeforeNoWait = 3;
+// While other sequences can step, the longest the step waits for a missing chain, as a share of
+// the mean step time: a chain that comes sooner joins the step (a fast drafter's usual case),
+// a later one sits its sequence out for the step and stalls no one.
+constexpr double kChainGraceOfStep = 0.25;
 
 }  // namespace
 
@@ -123,57 +127,78 @@ void Engine::Impl::ChooseGammas(const std::vector<SeqPtr>& candidates) {
   }
 }
 
-void Engine::Impl::WaitForChains(const std::vector<SeqPtr>& candidates) {
-  std::optional<absl::Time> bound;
+std::vector<Engine::Impl::SeqPtr> Engine::Impl::WaitForChains(
+    const std::vector<SeqPtr>& candidates) {
+  // Once some candidates can step, the others' chains get a short grace: a chain that comes
+  // within it joins this step, a later one sits its sequence out and the rest step now. While
+  // every candidate waits, the wait stalls no one: it lasts until a chain comes or is due.
+  const absl::Duration grace_length = absl::Seconds(kChainGraceOfStep * step_seconds_ewma_);
+  std::optional<absl::Time> grace;
+  std::vector<bool> waits(candidates.size());
   while (true) {
     const absl::Time now = absl::Now();
-    absl::Time earliest = absl::InfiniteFuture();
-    bool waiting = false;
-    for (const SeqPtr& seq : candidates) {
-      if (!seq->spec || !seq->resident || !seq->session_open || !seq->chain.enabled) continue;
-      if (seq->channel != nullptr && !seq->channel->healthy()) {
-        DisableDrafting(*seq, absl::UnavailableError("the drafter's channel broke"));
-        continue;
-      }
-      // When the drafts decide the output (simsd), a late or short chain would change the
-      // decode, not only its speed (a speculative step of fewer drafts, or a completion step).
-      // So such a sequence waits for γ drafts (blocks are full even when the budget ends inside
-      // one) and longer; a broken channel still ends the wait at once.
-      const bool exact = seq->mode->drafts_decide_output();
-      // A drafter that cannot be reached, or that let several steps in a row go without a
-      // draft, is not waited for: its sequences take their steps without drafts (AR) at once,
-      // and draft again as soon as its chains come. Modes whose drafts decide the output wait.
-      if (!exact && ((seq->channel != nullptr && !seq->channel->connected()) ||
-                     late_steps_[seq->drafter_address] >= kLateStepsBeforeNoWait)) {
-        continue;
-      }
-      const int room = context_ - static_cast<int>(seq->tokens.size());
-      if (seq->step_gamma <= 0 || (!exact && seq->budget() < 2) || room <= 0 ||
-          !ModePlansNext(*seq)) {
-        continue;
-      }
-      const int wanted = exact ? std::min(seq->gamma, room) : 1;
-      if (seq->chain.Available(seq->tokens) >= wanted) continue;
-      // A drafter conditioned on hidden states (DFlash) drafts once every token but the newest
-      // has its rows; while the prompt's tail is still pending no chain is coming for these
-      // tokens, so the step goes ahead without one.
-      if (!exact && !seq->hidden_layers.empty() &&
-          static_cast<int>(seq->tokens.size()) - seq->hidden_sent > 1) {
-        continue;
-      }
-      const absl::Time due =
-          seq->last_advance +
-          (exact ? std::max(options_.draft_timeout, kExactDraftWait) : options_.draft_timeout);
-      if (due <= now) continue;
-      waiting = true;
-      earliest = std::min(earliest, due);
+    absl::Time wake = absl::InfiniteFuture();
+    size_t waiting = 0;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const std::optional<absl::Time> due = ChainDue(*candidates[i], now);
+      waits[i] = due.has_value();
+      if (!due) continue;
+      ++waiting;
+      wake = std::min(wake, *due);
     }
-    if (!waiting) return;
-    if (!bound) bound = earliest;
-    if (now >= *bound || mailbox_->closed()) return;
-    mailbox_->WaitUntil(std::min(earliest, *bound));
+    if (waiting == 0 || mailbox_->closed()) return candidates;
+    if (waiting < candidates.size()) {
+      if (!grace) grace = now + grace_length;
+      if (now >= *grace) {
+        std::vector<SeqPtr> ready;
+        for (size_t i = 0; i < candidates.size(); ++i) {
+          if (!waits[i]) ready.push_back(candidates[i]);
+        }
+        return ready;
+      }
+      wake = std::min(wake, *grace);
+    }
+    mailbox_->WaitUntil(wake);
     HandleMessages(mailbox_->TakeAll());
   }
+}
+
+std::optional<absl::Time> Engine::Impl::ChainDue(EngineSequence& seq, absl::Time now) {
+  if (!seq.spec || !seq.resident || !seq.session_open || !seq.chain.enabled) return std::nullopt;
+  if (seq.channel != nullptr && !seq.channel->healthy()) {
+    DisableDrafting(seq, absl::UnavailableError("the drafter's channel broke"));
+    return std::nullopt;
+  }
+  // When the drafts decide the output (simsd), a late or short chain would change the decode,
+  // not only its speed (a speculative step of fewer drafts, or a completion step). So such a
+  // sequence waits for γ drafts (blocks are full even when the budget ends inside one) and
+  // longer; a broken channel still ends the wait at once.
+  const bool exact = seq.mode->drafts_decide_output();
+  // A drafter that cannot be reached, or that let several steps in a row go without a draft,
+  // is not waited for: its sequences take their steps without drafts (AR) at once, and draft
+  // again as soon as its chains come. Modes whose drafts decide the output wait.
+  if (!exact && ((seq.channel != nullptr && !seq.channel->connected()) ||
+                 late_steps_[seq.drafter_address] >= kLateStepsBeforeNoWait)) {
+    return std::nullopt;
+  }
+  const int room = context_ - static_cast<int>(seq.tokens.size());
+  if (seq.step_gamma <= 0 || (!exact && seq.budget() < 2) || room <= 0 || !ModePlansNext(seq)) {
+    return std::nullopt;
+  }
+  const int wanted = exact ? std::min(seq.gamma, room) : 1;
+  if (seq.chain.Available(seq.tokens) >= wanted) return std::nullopt;
+  // A drafter conditioned on hidden states (DFlash) drafts once every token but the newest has
+  // its rows; while the prompt's tail is still pending no chain is coming for these tokens, so
+  // the step goes ahead without one.
+  if (!exact && !seq.hidden_layers.empty() &&
+      static_cast<int>(seq.tokens.size()) - seq.hidden_sent > 1) {
+    return std::nullopt;
+  }
+  const absl::Time due =
+      seq.last_advance +
+      (exact ? std::max(options_.draft_timeout, kExactDraftWait) : options_.draft_timeout);
+  if (due <= now) return std::nullopt;
+  return due;
 }
 
 // Adds the drafter's layers to the extend's taps when it may make KV final for tokens whose

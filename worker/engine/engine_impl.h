@@ -179,7 +179,12 @@ class Engine::Impl {
   void Admit();
   void OpenSessions(const std::vector<SeqPtr>& candidates);
   void ChooseGammas(const std::vector<SeqPtr>& candidates);
-  void WaitForChains(const std::vector<SeqPtr>& candidates);
+  // The candidates that step now: a spec sequence still waiting for its chain sits the step
+  // out while others can step (after a short grace); when every candidate waits, the wait
+  // stalls no one and lasts until a chain is due.
+  std::vector<SeqPtr> WaitForChains(const std::vector<SeqPtr>& candidates);
+  // When `seq`'s missing chain is due, if it waits for one now (none when it steps without).
+  std::optional<absl::Time> ChainDue(EngineSequence& seq, absl::Time now);
   // The step and its stages, in order (engine.cc).
   void Step(const std::vector<SeqPtr>& candidates);
   StepBatch PlanStep(const std::vector<SeqPtr>& candidates);

@@ -2,8 +2,9 @@
 // per session, on a model of the test's choice), or block drafts with DiffusionDrafter for a
 // session opened with a block size when the model has a <|mask|> token, on a thread of its own, so
 // chains reach the engine asynchronously like a remote drafter's. It can be told to fail after some
-// chains: by erroring every session, or by falling silent. It can ask for hidden-state layers and
-// keeps every session's tokens and hidden rows (after Close too) for inspection.
+// chains: by erroring every session, or by falling silent; and it can be slow (each chain sent a
+// set delay after it was asked for). It can ask for hidden-state layers and keeps every
+// session's tokens and hidden rows (after Close too) for inspection.
 //
 // Thread-safe: the engine calls Open/Advance/Close from its thread while the drafting thread
 // answers.
@@ -20,6 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "worker/decoding/diffusion_drafter.h"
 #include "worker/decoding/drafter.h"
 #include "worker/engine/draft_channel.h"
@@ -122,6 +124,12 @@ class InProcessDraftChannel : public DraftChannel {
 
   std::vector<int32_t> hidden_layers() const override { return hidden_layers_; }
 
+  // Every chain from now on is sent `delay` after its draft was made (a slow drafter).
+  void set_delay(absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    delay_ = delay;
+  }
+
   int chains_sent() const {
     absl::MutexLock lock(&mu_);
     return chains_sent_;
@@ -147,6 +155,7 @@ class InProcessDraftChannel : public DraftChannel {
       int gamma = 0;
       int block_size = 0;
       std::shared_ptr<Drafter> drafter;
+      absl::Duration delay;
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]()
@@ -160,7 +169,9 @@ class InProcessDraftChannel : public DraftChannel {
         gamma = s.gamma;
         block_size = s.block_size;
         drafter = s.drafter;
+        delay = delay_;
       }
+      absl::SleepFor(delay);
       DraftChain chain{.session = session, .from = static_cast<int>(tokens.size())};
       if (block_size > 0) {
         absl::StatusOr<BlockDraft> draft = drafter->DraftBlock(
@@ -215,6 +226,7 @@ class InProcessDraftChannel : public DraftChannel {
   int chains_sent_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration delay_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
