@@ -112,7 +112,12 @@ struct ClusterRun {
   int forwards = 0;
   int drafted = 0;
   int accepted = 0;
+  int draft_steps = 0;    // steps that could verify drafts
+  int drafts_ready = 0;   // of those, with the chain there when the verifier looked
+  int drafts_waited = 0;  // of those, with a chain the verifier waited for
 };
+
+double Share(int part, int whole) { return whole > 0 ? static_cast<double>(part) / whole : 0; }
 
 absl::StatusOr<ClusterRun> RunThroughVerifier(v1::Verifier::Stub& stub,
                                               const std::vector<Prompt>& prompts,
@@ -152,6 +157,9 @@ absl::StatusOr<ClusterRun> RunThroughVerifier(v1::Verifier::Stub& stub,
     run.forwards += usage.target_forwards();
     run.drafted += usage.draft_tokens();
     run.accepted += usage.accepted_tokens();
+    run.draft_steps += usage.draft_steps();
+    run.drafts_ready += usage.drafts_ready();
+    run.drafts_waited += usage.drafts_waited();
   }
   run.step_seconds = Median(steps);
   run.tokens_per_forward = run.forwards > 0 ? static_cast<double>(run.tokens) / run.forwards : 0;
@@ -262,6 +270,9 @@ int RunBenchCluster(const BenchClusterArgs& args) {
         {"spec_tokens_per_second", spec->tokens_per_second},
         {"spec_drafted", spec->drafted},
         {"spec_accepted", spec->accepted},
+        {"spec_draft_steps", spec->draft_steps},
+        {"spec_ready_on_arrival", Share(spec->drafts_ready, spec->draft_steps)},
+        {"spec_waited", Share(spec->drafts_waited, spec->draft_steps)},
         {"ar_step_seconds", ar->step_seconds},
         {"ar_tokens_per_second", ar->tokens_per_second},
         {"loopback_rtt_p50_seconds", rtt_p50},
@@ -283,6 +294,11 @@ int RunBenchCluster(const BenchClusterArgs& args) {
               times->verify * 1e3);
   std::printf("| spec step through the services | %.2f ms |\n", spec->step_seconds * 1e3);
   std::printf("| step / (draft + verify) | %.2f |\n", overlap);
+  std::printf(
+      "| spec steps whose drafts were ready on arrival / waited for / late | %.2f / "
+      "%.2f / %.2f |\n",
+      Share(spec->drafts_ready, spec->draft_steps), Share(spec->drafts_waited, spec->draft_steps),
+      Share(spec->draft_steps - spec->drafts_ready - spec->drafts_waited, spec->draft_steps));
   std::printf("| spec tokens per target forward | %.2f |\n", spec->tokens_per_forward);
   std::printf("| spec decode tokens/s | %.1f |\n", spec->tokens_per_second);
   std::printf("| AR step through the services | %.2f ms |\n", ar->step_seconds * 1e3);

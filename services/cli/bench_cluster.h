@@ -2,8 +2,9 @@
 // tandem-verifier as separate processes on loopback and measures, side by side in one run:
 // the in-process cost of one draft (γ drafter forwards) and one verification (a γ+1-token target
 // forward), the spec step time through the services (how much of drafting hides behind
-// verification: step / (draft + verify)), the AR step time through the services, and the
-// loopback round trip of one small RPC.
+// verification: step / (draft + verify)) with the share of spec steps whose drafts were ready on
+// arrival, waited for or late, the AR step time through the services, and the loopback round
+// trip of one small RPC.
 #pragma once
 
 #include <string>

@@ -26,6 +26,9 @@ class EngineMetricsObserver final : public EngineObserver {
   void OnFallback(std::string_view reason) override {
     metrics_->AddDrafterFallback(std::string(reason));
   }
+  void OnChainArrival(bool waited) override {
+    metrics_->AddDraftChainArrival(waited ? "waited" : "ready");
+  }
   void OnPreemption() override { metrics_->AddPreemptions(1); }
 
  private:

@@ -217,6 +217,12 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
     for (const char* reason : {"ended", "write_failed", "backlog", "hidden_transport"}) {
       draft_stream_breaks_->Add({{"reason", reason}});
     }
+    draft_chain_arrivals_ =
+        r.Counters("tandem_draft_chain_arrivals_total",
+                   "Spec steps that verified drafts whose chain was there when the step loop "
+                   "looked (ready) or came while it waited (waited)");
+    for (const char* arrival : {"ready", "waited"})
+      draft_chain_arrivals_->Add({{"arrival", arrival}});
   }
   if (router) {
     mode_decisions_ = r.Counters("tandem_mode_decisions_total",
@@ -398,6 +404,12 @@ void ServiceMetrics::AddHiddenTransportStream(const std::string& transport) {
 
 void ServiceMetrics::AddDraftStreamBreak(const std::string& reason) {
   if (draft_stream_breaks_ != nullptr) draft_stream_breaks_->Add({{"reason", reason}}).Increment();
+}
+
+void ServiceMetrics::AddDraftChainArrival(const std::string& arrival) {
+  if (draft_chain_arrivals_ != nullptr) {
+    draft_chain_arrivals_->Add({{"arrival", arrival}}).Increment();
+  }
 }
 
 void ServiceMetrics::AddDrafterFallback(const std::string& reason) {

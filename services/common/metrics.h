@@ -117,6 +117,9 @@ class ServiceMetrics {
   // Verifier: a Draft stream broke (`reason`: ended, write_failed, backlog, hidden_transport);
   // its sequences decode without drafts.
   void AddDraftStreamBreak(const std::string& reason);
+  // Verifier: a spec step verified drafts whose chain was there when the step loop looked
+  // (`arrival` ready) or came while it waited (waited).
+  void AddDraftChainArrival(const std::string& arrival);
 
   // Drafter.
   void SetDrafterSessions(int64_t sessions);
@@ -165,6 +168,7 @@ class ServiceMetrics {
   prometheus::Counter* drafter_forwards_ = nullptr;
   prometheus::Family<prometheus::Counter>* fallbacks_ = nullptr;
   prometheus::Family<prometheus::Counter>* draft_stream_breaks_ = nullptr;
+  prometheus::Family<prometheus::Counter>* draft_chain_arrivals_ = nullptr;
   prometheus::Family<prometheus::Counter>* hidden_transport_streams_ = nullptr;
 };
 

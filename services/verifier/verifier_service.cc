@@ -67,6 +67,9 @@ v1::GenerateResponse ToResponse(const SequenceEvent& event, const Tokenizer& tok
     out->set_accepted_tokens(usage.accepted);
     out->set_preemptions(usage.preemptions);
     out->set_cached_tokens(usage.cached_tokens);
+    out->set_draft_steps(usage.draft_steps);
+    out->set_drafts_ready(usage.drafts_ready);
+    out->set_drafts_waited(usage.drafts_waited);
     v1::Timings* timings = response.mutable_timings();
     timings->set_queue_seconds(usage.queue_seconds);
     timings->set_time_to_first_token_seconds(usage.ttft_seconds);

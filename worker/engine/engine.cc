@@ -499,13 +499,19 @@ std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, Ext
   } else if (p.draft_step && s.chain.enabled) {
     ++late_steps_[s.drafter_address];
   }
+  if (p.draft_step) {
+    ++s.usage.draft_steps;
+    if (result->drafted > 0) ++(s.chain_waited ? s.usage.drafts_waited : s.usage.drafts_ready);
+  }
   if (options_.observer != nullptr) {
     if (result->drafted > 0) {
       options_.observer->OnDraftVerified(s.mode_name, result->drafted, result->accepted);
+      if (p.draft_step) options_.observer->OnChainArrival(s.chain_waited);
     } else if (p.draft_step) {
       options_.observer->OnFallback(s.chain.enabled ? "late" : "drafter_down");
     }
   }
+  s.chain_waited = false;
   std::vector<TokenLogprob> logprobs;
   if (s.top_logprobs >= 0) {
     absl::StatusOr<std::vector<TokenLogprob>> read =

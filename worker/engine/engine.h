@@ -112,6 +112,12 @@ struct SequenceUsage {
   int forwards = 0;           // batched forwards this sequence took part in (prefill included)
   int drafted = 0;
   int accepted = 0;
+  // Steps that could verify drafts (spec with a drafter); of those, the ones whose chain was
+  // there when the step loop looked (ready), and the ones whose chain came while it waited. The
+  // rest took AR steps (late, or drafting off).
+  int draft_steps = 0;
+  int drafts_ready = 0;
+  int drafts_waited = 0;
   int preemptions = 0;
   int cached_tokens = 0;     // prompt tokens whose KV came from the prefix cache (first admission)
   double queue_seconds = 0;  // submit -> first scheduled

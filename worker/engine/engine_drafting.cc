@@ -143,6 +143,7 @@ std::vector<Engine::Impl::SeqPtr> Engine::Impl::WaitForChains(
       const std::optional<absl::Time> due = ChainDue(*candidates[i], now);
       waits[i] = due.has_value();
       if (!due) continue;
+      candidates[i]->chain_waited = true;
       ++waiting;
       wake = std::min(wake, *due);
     }

@@ -88,6 +88,7 @@ struct EngineSequence {
   std::shared_ptr<DraftChannel> channel;
   bool session_open = false;
   absl::Time last_advance;
+  bool chain_waited = false;  // the step loop waited (or sat a step out) for its next chain
   // Target layers whose hidden states the drafter gets (fixed at Open; empty = none), and how
   // many leading tokens' states it has been sent (recomputed KV does not send them again).
   std::vector<int32_t> hidden_layers;

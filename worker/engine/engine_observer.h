@@ -23,6 +23,9 @@ class EngineObserver {
   // A `spec` step that could have verified drafts took an AR step instead: "late" (no usable
   // chain by the draft timeout) or "drafter_down" (drafting is off for the sequence).
   virtual void OnFallback(std::string_view /*reason*/) {}
+  // A `spec` step verified drafts from a chain that was there when the step loop looked
+  // (`waited` false: drafting hid behind the previous step) or that came while it waited.
+  virtual void OnChainArrival(bool /*waited*/) {}
   // A sequence lost its KV and will be recomputed.
   virtual void OnPreemption() {}
 };

@@ -95,6 +95,11 @@ TEST_F(EngineDraftWaitTest, ASlowDrafterDoesNotSlowArSequencesInTheSameBatch) {
     EXPECT_EQ(spec->tokens(), beside.sinks[i]->tokens()) << "prompt " << i;
     EXPECT_EQ(spec->tokens(), alone.sinks[i]->tokens()) << "prompt " << i;
     EXPECT_GT(spec->usage().drafted, 0) << "prompt " << i;
+    // Its drafts were waited for (the drafter is slower than a step), and counted as such.
+    const SequenceUsage& usage = spec->usage();
+    EXPECT_GT(usage.drafts_waited, 0) << "prompt " << i;
+    EXPECT_LE(usage.drafts_ready + usage.drafts_waited, usage.draft_steps) << "prompt " << i;
+    EXPECT_EQ(beside.sinks[i]->usage().draft_steps, 0) << "ar prompt " << i;
   }
   std::printf(
       "[ no-stall ] %d ar streams x %d tokens: %.0f ms alone, %.0f ms beside %d spec "
