@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -119,9 +121,12 @@ struct ClusterRun {
 
 double Share(int part, int whole) { return whole > 0 ? static_cast<double>(part) / whole : 0; }
 
+// `prompts` through the verifier in `mode` (`spec`: from the drafter at `drafter`, "" = the
+// verifier's own; `self_spec`: k = gamma).
 absl::StatusOr<ClusterRun> RunThroughVerifier(v1::Verifier::Stub& stub,
                                               const std::vector<Prompt>& prompts,
-                                              const std::string& mode, int gamma, int max_tokens) {
+                                              const std::string& mode, int gamma, int max_tokens,
+                                              const std::string& drafter = "") {
   ClusterRun run;
   std::vector<double> steps;
   double decode_seconds = 0;
@@ -132,6 +137,8 @@ absl::StatusOr<ClusterRun> RunThroughVerifier(v1::Verifier::Stub& stub,
     request.mutable_request()->set_max_tokens(max_tokens);
     request.mutable_request()->set_mode(mode);
     request.mutable_mode_options()->set_spec_gamma(gamma);
+    request.mutable_mode_options()->set_self_spec_draft_len(gamma);
+    request.set_drafter(drafter);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
     std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
@@ -200,19 +207,40 @@ int RunBenchCluster(const BenchClusterArgs& args) {
   if (!drafter_bin.ok()) return fail(drafter_bin.status());
   absl::StatusOr<std::string> verifier_bin = FindServiceBinary("tandem-verifier", "verifier");
   if (!verifier_bin.ok()) return fail(verifier_bin.status());
-  auto drafter = ChildProcess::Start({.name = "drafter",
-                                      .argv = {*drafter_bin, "--model", drafter_dir, "--listen",
-                                               "127.0.0.1:0", "--threads", std::to_string(threads)},
-                                      .forward_output = false,
-                                      .default_env = SharedCoresEnv()});
+  absl::StatusOr<LoadedModel> model = LoadModelDir(*model_dir);
+  if (!model.ok()) return fail(model.status());
+  // Split self-speculation needs a tri-mode target: its drafter hosts the target itself.
+  const bool split = model->model->config().diffusion.mask_token_id.has_value() && args.gamma >= 1;
+  auto start_drafter = [&](std::vector<std::string> flags)
+      -> absl::StatusOr<std::pair<std::unique_ptr<ChildProcess>, std::string>> {
+    std::vector<std::string> argv = {*drafter_bin, "--listen", "127.0.0.1:0", "--threads",
+                                     std::to_string(threads)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+        ChildProcess::Start({.name = "drafter",
+                             .argv = argv,
+                             .forward_output = false,
+                             .default_env = SharedCoresEnv()});
+    if (!child.ok()) return child.status();
+    absl::StatusOr<std::string> address = (*child)->WaitForAddress(absl::Seconds(60));
+    if (!address.ok()) return address.status();
+    return std::pair(std::move(*child), *address);
+  };
+  auto drafter = start_drafter({"--model", drafter_dir});
   if (!drafter.ok()) return fail(drafter.status());
-  absl::StatusOr<std::string> drafter_address = (*drafter)->WaitForAddress(absl::Seconds(60));
-  if (!drafter_address.ok()) return fail(drafter_address.status());
+  absl::StatusOr<std::pair<std::unique_ptr<ChildProcess>, std::string>> self_drafter =
+      absl::FailedPreconditionError("the target has no <|mask|> token");
+  if (split) {
+    // One mask draft a forward of the verifier's γ + 1 tokens: the verify forward's size.
+    self_drafter = start_drafter(
+        {"--model", *model_dir, "--mask-drafts", std::to_string(std::max(2, args.gamma + 1))});
+    if (!self_drafter.ok()) return fail(self_drafter.status());
+  }
   auto verifier = ChildProcess::Start(
       {.name = "verifier",
        .argv = {*verifier_bin, "--model", *model_dir, "--listen", "127.0.0.1:0", "--threads",
-                std::to_string(threads), "--drafter", *drafter_address, "--draft-timeout-ms",
-                std::to_string(args.draft_timeout_ms)},
+                std::to_string(threads), "--drafter", drafter->second, "--draft-timeout-ms",
+                std::to_string(args.draft_timeout_ms), "--calibration-seconds", "0"},
        .forward_output = false,
        .default_env = SharedCoresEnv()});
   if (!verifier.ok()) return fail(verifier.status());
@@ -221,27 +249,43 @@ int RunBenchCluster(const BenchClusterArgs& args) {
   auto stub = v1::Verifier::NewStub(
       grpc::CreateChannel(*verifier_address, grpc::InsecureChannelCredentials()));
 
-  // Warm-up: the first requests pay for page faults and thread pools.
-  if (auto warm = RunThroughVerifier(*stub, {prompts->front()}, "spec", args.gamma, 8);
-      !warm.ok()) {
-    return fail(warm.status());
+  // Warm-up: the first requests pay for page faults, thread pools and drafter sessions.
+  const std::string self_address = split ? self_drafter->second : "";
+  std::vector<std::string> drafters = {""};
+  if (split) drafters.push_back(self_address);
+  for (const std::string& address : drafters) {
+    if (auto warm = RunThroughVerifier(*stub, {prompts->front()}, "spec", args.gamma, 8, address);
+        !warm.ok()) {
+      return fail(warm.status());
+    }
   }
   absl::StatusOr<ClusterRun> spec =
       RunThroughVerifier(*stub, *prompts, "spec", args.gamma, args.max_tokens);
   if (!spec.ok()) return fail(spec.status());
+  std::optional<ClusterRun> split_spec, local_self_spec;
+  if (split) {
+    absl::StatusOr<ClusterRun> run =
+        RunThroughVerifier(*stub, *prompts, "spec", args.gamma, args.max_tokens, self_address);
+    if (!run.ok()) return fail(run.status());
+    split_spec = *run;
+    run = RunThroughVerifier(*stub, *prompts, "self_spec", args.gamma + 1, args.max_tokens);
+    if (!run.ok()) return fail(run.status());
+    local_self_spec = *run;
+  }
   absl::StatusOr<ClusterRun> ar = RunThroughVerifier(*stub, *prompts, "ar", 0, args.max_tokens);
   if (!ar.ok()) return fail(ar.status());
   const std::vector<double> rtt = LoopbackRoundTrips(*stub, 200);
   verifier->reset();
-  drafter->reset();
+  drafter->first.reset();
+  if (split) self_drafter->first.reset();
 
   // The same forwards in this process, with one process's threads: verification on the
-  // target, drafting on the drafter.
+  // target, drafting on the drafter. A split self-spec draft is one forward of γ + 1 rows on
+  // the target (the new tokens and the masks), like a verification.
   kernels::cpu::SetBlasThreads(threads);
-  absl::StatusOr<LoadedModel> model = LoadModelDir(*model_dir);
-  if (!model.ok()) return fail(model.status());
   absl::StatusOr<ForwardTimes> times = TimeForwards(*model->model, args.gamma, 64, 30);
   if (!times.ok()) return fail(times.status());
+  const double split_draft = times->verify;
   if (drafter_dir != *model_dir) {
     absl::StatusOr<LoadedModel> drafter_model = LoadModelDir(drafter_dir);
     if (!drafter_model.ok()) return fail(drafter_model.status());
@@ -251,9 +295,25 @@ int RunBenchCluster(const BenchClusterArgs& args) {
     times->draft = drafter_times->draft;
   }
 
-  const double serial = times->draft + times->verify;
-  const double overlap = serial > 0 ? spec->step_seconds / serial : 0;
+  auto overlap = [&](const ClusterRun& run, double draft) {
+    const double serial = draft + times->verify;
+    return serial > 0 ? run.step_seconds / serial : 0;
+  };
   const double rtt_p50 = Percentile(rtt, 0.5), rtt_p99 = Percentile(rtt, 0.99);
+  auto json_run = [&](const ClusterRun& run, double draft) {
+    return nlohmann::json{
+        {"draft_seconds", draft},
+        {"step_seconds", run.step_seconds},
+        {"overlap_ratio", overlap(run, draft)},
+        {"tokens_per_forward", run.tokens_per_forward},
+        {"tokens_per_second", run.tokens_per_second},
+        {"drafted", run.drafted},
+        {"accepted", run.accepted},
+        {"draft_steps", run.draft_steps},
+        {"ready_on_arrival", Share(run.drafts_ready, run.draft_steps)},
+        {"waited", Share(run.drafts_waited, run.draft_steps)},
+    };
+  };
   if (args.json) {
     nlohmann::json j = {
         {"model", *model_dir},
@@ -262,22 +322,18 @@ int RunBenchCluster(const BenchClusterArgs& args) {
         {"threads_per_process", threads},
         {"prompts", prompts->size()},
         {"max_tokens", args.max_tokens},
-        {"draft_seconds", times->draft},
         {"verify_seconds", times->verify},
-        {"spec_step_seconds", spec->step_seconds},
-        {"overlap_ratio", overlap},
-        {"spec_tokens_per_forward", spec->tokens_per_forward},
-        {"spec_tokens_per_second", spec->tokens_per_second},
-        {"spec_drafted", spec->drafted},
-        {"spec_accepted", spec->accepted},
-        {"spec_draft_steps", spec->draft_steps},
-        {"spec_ready_on_arrival", Share(spec->drafts_ready, spec->draft_steps)},
-        {"spec_waited", Share(spec->drafts_waited, spec->draft_steps)},
+        {"spec", json_run(*spec, times->draft)},
         {"ar_step_seconds", ar->step_seconds},
         {"ar_tokens_per_second", ar->tokens_per_second},
         {"loopback_rtt_p50_seconds", rtt_p50},
         {"loopback_rtt_p99_seconds", rtt_p99},
     };
+    if (split) {
+      j["split_self_spec"] = json_run(*split_spec, split_draft);
+      j["self_spec_tokens_per_forward"] = local_self_spec->tokens_per_forward;
+      j["self_spec_tokens_per_second"] = local_self_spec->tokens_per_second;
+    }
     std::printf("%s\n", j.dump(1).c_str());
     return 0;
   }
@@ -287,20 +343,40 @@ int RunBenchCluster(const BenchClusterArgs& args) {
       model_dir->c_str(), drafter_dir.c_str(),
       drafter_dir == *model_dir ? " (self-drafting: an upper bound on acceptance)" : "", args.gamma,
       prompts->size(), args.max_tokens, threads);
-  std::printf("| quantity | value |\n|---|---|\n");
-  std::printf("| draft: %d drafter forwards, in-process | %.2f ms |\n", args.gamma,
-              times->draft * 1e3);
-  std::printf("| verify: one %d-token target forward, in-process | %.2f ms |\n", args.gamma + 1,
-              times->verify * 1e3);
-  std::printf("| spec step through the services | %.2f ms |\n", spec->step_seconds * 1e3);
-  std::printf("| step / (draft + verify) | %.2f |\n", overlap);
+  // Columns: spec with the drafter's greedy chains, and (a tri-mode target) spec with the
+  // target's own mask drafts from a second drafter process: self-speculation split.
   std::printf(
-      "| spec steps whose drafts were ready on arrival / waited for / late | %.2f / "
-      "%.2f / %.2f |\n",
-      Share(spec->drafts_ready, spec->draft_steps), Share(spec->drafts_waited, spec->draft_steps),
-      Share(spec->draft_steps - spec->drafts_ready - spec->drafts_waited, spec->draft_steps));
-  std::printf("| spec tokens per target forward | %.2f |\n", spec->tokens_per_forward);
-  std::printf("| spec decode tokens/s | %.1f |\n", spec->tokens_per_second);
+      "| quantity | spec, drafter chains | spec, split self-spec (k = %d) |\n|---|---|---|\n",
+      args.gamma + 1);
+  auto row = [&](const char* name, const std::string& plain, const std::string& self) {
+    std::printf("| %s | %s | %s |\n", name, plain.c_str(), split ? self.c_str() : "-");
+  };
+  const ClusterRun none;
+  const ClusterRun& s = split ? *split_spec : none;
+  auto ms = [](double seconds) { return absl::StrFormat("%.2f ms", seconds * 1e3); };
+  row("draft, in-process", absl::StrFormat("%s (%d forwards)", ms(times->draft), args.gamma),
+      absl::StrFormat("%s (1 forward)", ms(split_draft)));
+  row("verify: one forward of gamma + 1 tokens, in-process", ms(times->verify), ms(times->verify));
+  row("spec step through the services", ms(spec->step_seconds), ms(s.step_seconds));
+  row("step / (draft + verify)", absl::StrFormat("%.2f", overlap(*spec, times->draft)),
+      absl::StrFormat("%.2f", overlap(s, split_draft)));
+  auto arrival = [](const ClusterRun& r) {
+    return absl::StrFormat("%.2f / %.2f / %.2f", Share(r.drafts_ready, r.draft_steps),
+                           Share(r.drafts_waited, r.draft_steps),
+                           Share(r.draft_steps - r.drafts_ready - r.drafts_waited, r.draft_steps));
+  };
+  row("drafts ready on arrival / waited for / late", arrival(*spec), arrival(s));
+  row("tokens per target forward", absl::StrFormat("%.2f", spec->tokens_per_forward),
+      absl::StrFormat("%.2f", s.tokens_per_forward));
+  row("decode tokens/s", absl::StrFormat("%.1f", spec->tokens_per_second),
+      absl::StrFormat("%.1f", s.tokens_per_second));
+  std::printf("\n| other modes through the verifier | value |\n|---|---|\n");
+  if (split) {
+    std::printf("| in-process self_spec (k = %d): tokens per target forward | %.2f |\n",
+                args.gamma + 1, local_self_spec->tokens_per_forward);
+    std::printf("| in-process self_spec decode tokens/s | %.1f |\n",
+                local_self_spec->tokens_per_second);
+  }
   std::printf("| AR step through the services | %.2f ms |\n", ar->step_seconds * 1e3);
   std::printf("| AR decode tokens/s | %.1f |\n", ar->tokens_per_second);
   std::printf("| loopback unary RPC round trip p50 / p99 | %.3f / %.3f ms |\n", rtt_p50 * 1e3,

@@ -1,5 +1,7 @@
 // `tandem bench cluster`: speculation over the network. Starts a tandem-drafter and a
-// tandem-verifier as separate processes on loopback and measures, side by side in one run:
+// tandem-verifier as separate processes on loopback (and, when the target is tri-mode, a second
+// drafter hosting the target with --mask-drafts γ + 1: split self-speculation, a column of its
+// own beside in-process self_spec) and measures, side by side in one run:
 // the in-process cost of one draft (γ drafter forwards) and one verification (a γ+1-token target
 // forward), the spec step time through the services (how much of drafting hides behind
 // verification: step / (draft + verify)) with the share of spec steps whose drafts were ready on

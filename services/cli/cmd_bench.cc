@@ -66,8 +66,11 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   CLI::App* cluster_cmd = bench->add_subcommand(
       "cluster",
       "Speculation over the network: starts a tandem-drafter and a tandem-verifier on loopback "
-      "and compares the spec step time through them with the in-process draft and verify "
-      "times (overlap), next to AR through the services and the loopback RPC round trip");
+      "(and, for a tri-mode target, a second drafter hosting the target with --mask-drafts: "
+      "self-speculation split across two services) and compares each spec step time through "
+      "them with the in-process draft and verify times (overlap), with the share of steps whose "
+      "drafts were ready on arrival, next to in-process self_spec, AR through the services and "
+      "the loopback RPC round trip");
   cluster_cmd->add_option("--model", cluster->model_dir,
                           "Target model; default: the bundled models/tandem-target");
   cluster_cmd->add_option("--drafter", cluster->drafter_dir,

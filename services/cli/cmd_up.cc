@@ -1,6 +1,7 @@
 // `tandem up`: a local cluster of separate processes (drafter, verifier, router) on 127.0.0.1.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -11,7 +12,10 @@
 #include "services/cli/child_process.h"
 #include "services/cli/commands.h"
 #include "services/cli/local_cluster.h"
+#include "services/cli/locate.h"
 #include "services/common/server.h"
+#include "worker/engine/draft_engine.h"
+#include "worker/model/checkpoint/model_config.h"
 
 namespace tandem::cli {
 
@@ -26,7 +30,28 @@ struct UpArgs {
   std::string drafter_model_dir;
   std::string device;  // the verifier's and the drafter's --device; "" = theirs (cpu)
   double start_timeout_seconds = 120;
+  bool self_spec_drafter = false;  // the drafter hosts the target and drafts with its masks
 };
+
+// --self-spec-drafter: the drafter runs the tri-mode target itself and drafts a block of
+// <|mask|> rows a forward (the target's block size), so that `spec` is NLD's linear
+// self-speculation split across the drafter and the verifier.
+absl::Status UseSelfSpecDrafter(const std::string& model_flag, LocalClusterOptions* options) {
+  absl::StatusOr<std::string> model_dir = FindModelDir(model_flag);
+  if (!model_dir.ok()) return model_dir.status();
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(*model_dir);
+  if (!config.ok()) return config.status();
+  if (!config->diffusion.mask_token_id || config->diffusion.block_size < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--self-spec-drafter needs a tri-mode target (a <|mask|> token and a block size of at "
+        "least 2 in its config); ",
+        *model_dir, " has none"));
+  }
+  options->drafter_model_dir = *model_dir;
+  options->drafter_flags = {"--mask-drafts",
+                            std::to_string(std::min(config->diffusion.block_size, kMaxMaskDrafts))};
+  return absl::OkStatus();
+}
 
 // The router's HTTP address next to its gRPC one: the same host and the next port (8471 by
 // default), or a port of the OS's choice when --listen asks for one, so that several clusters
@@ -49,7 +74,7 @@ int RunUp(const UpArgs& args) {
 
   const std::string http_listen =
       args.http_listen.empty() ? DefaultHttpListen(args.listen) : args.http_listen;
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start({
+  LocalClusterOptions options{
       .who = "tandem up",
       .model_dir = args.model_dir,
       .drafter_model_dir = args.drafter_model_dir,
@@ -58,7 +83,14 @@ int RunUp(const UpArgs& args) {
       .api_keys = args.api_keys,
       .device = args.device,
       .start_timeout = absl::Seconds(args.start_timeout_seconds),
-  });
+  };
+  if (args.self_spec_drafter) {
+    if (absl::Status used = UseSelfSpecDrafter(args.model_dir, &options); !used.ok()) {
+      std::fprintf(stderr, "tandem up: %s\n", std::string(used.message()).c_str());
+      return 1;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(std::move(options));
   if (!cluster.ok()) {
     std::fprintf(stderr, "tandem up: %s\n", std::string(cluster.status().message()).c_str());
     return 1;
@@ -125,6 +157,11 @@ void RegisterUp(CLI::App& app, int* exit_code) {
                   "present with the same tokenizer, e.g. the bundled models/tandem-drafter; "
                   "else the target itself); a DFlash drafter (models/tandem-dflash) gets the "
                   "target as its --target-model");
+  cmd->add_flag("--self-spec-drafter", args->self_spec_drafter,
+                "The drafter hosts the tri-mode target itself and drafts a block of <|mask|> rows "
+                "a forward (NLD linear self-speculation split across two services: `spec` "
+                "requests verify its drafts with the target's AR pathway)")
+      ->excludes("--drafter-model");
   cmd->add_option("--device", args->device,
                   "Where the verifier's and the drafter's models run: cpu (fp32) or cuda (bf16 "
                   "GPU; both share the GPU); default: cpu")

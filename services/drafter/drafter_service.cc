@@ -334,7 +334,7 @@ grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* c
   const ModelConfig& config = engine_->model_config();
   info->set_role("drafter");
   info->set_model(options_.model_id);
-  info->add_modes("ar");
+  info->add_modes(engine_->drafting());
   info->set_max_context(config.max_position_embeddings);
   info->set_vocab_size(config.vocab_size);
   info->set_version(VersionString());

@@ -185,7 +185,7 @@ int Run(const std::string& model_dir, const std::string& target_dir,
                    .worker_id = worker_id,
                    .address = advertise,
                    .model = model,
-                   .modes = {"ar"},
+                   .modes = {engine->drafting()},
                    .max_context = engine->model_config().max_position_embeddings,
                    .running = stats.sessions,
                    .kv_usage_ratio = stats.kv_usage_ratio};
@@ -255,6 +255,15 @@ int main(int argc, char** argv) {
                  "drafter sets them itself)")
       ->envname("TANDEM_DRAFTER_HIDDEN_LAYERS")
       ->delimiter(',');
+  app.add_option("--mask-drafts", engine_options.mask_drafts,
+                 "Draft K tokens a forward with the model's block-diffusion pathway (<|mask|> "
+                 "rows after the newest token) instead of one greedy token a forward. With the "
+                 "verifier's own tri-mode target as --model this is self-speculation split "
+                 "across two services (NLD linear self-speculation: the verifier verifies with "
+                 "its AR pathway). 0 = off; needs a <|mask|> token")
+      ->envname("TANDEM_DRAFTER_MASK_DRAFTS")
+      ->check(CLI::Range(0, tandem::kMaxMaskDrafts))
+      ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (OpenMP and matrix products); 0 = all cores")
       ->envname("TANDEM_DRAFTER_THREADS")
       ->capture_default_str();

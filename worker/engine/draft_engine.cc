@@ -392,12 +392,27 @@ class DraftEngine::Loop {
   // The autoregressive step and its stages.
   struct ArPlanned {
     Session* s;
-    int n;  // tokens fed
+    int n;  // session tokens fed (their KV is kept)
+    // The n tokens, then (mask drafts) <|mask|> rows at the positions after them.
+    std::vector<int32_t> tokens;
     std::vector<int32_t> positions;
-    int32_t output;  // index of the last fed token
+    Visibility visible;
+    // The last fed token's row, then the mask rows that draft (all but the first mask).
+    std::vector<int32_t> outputs;
   };
   void ArStep();
   std::vector<ArPlanned> PlanAr(const std::vector<Session*>& candidates);
+  // <|mask|> rows of a session's drafting forward when it has `size` tokens (0: one greedy
+  // token a forward).
+  int MaskRows(int size) const;
+  ArPlanned PlanExtend(Session& s, int n, int masks) const;
+  // The greedy token of `logits`, the row after the session's tokens [0, end) (under its
+  // grammar, if any).
+  int32_t Greedy(Session& s, std::span<const float> logits, int end);
+  std::span<const float> Row(const ExtendOutput& out, int r) const {
+    return std::span<const float>(out.logits)
+        .subspan(static_cast<size_t>(r) * vocab_, static_cast<size_t>(vocab_));
+  }
   void CommitAr(const std::vector<ArPlanned>& planned, const std::vector<ExtendOutput>& out);
   // The step's time and tokens to the stats' averages and the observer.
   void AccountStep(double seconds, int batch_tokens);
@@ -653,13 +668,12 @@ void DraftEngine::Loop::ArStep() {
   extends.reserve(planned.size());
   int batch_tokens = 0;
   for (const ArPlanned& p : planned) {
-    extends.push_back(
-        Extend{.seq = p.s->seq,
-               .tokens = std::span<const int32_t>(p.s->tokens).subspan(p.s->cached, p.n),
-               .positions = p.positions,
-               .visible = Visibility::Causal(),
-               .outputs = {&p.output, 1}});
-    batch_tokens += p.n;
+    extends.push_back(Extend{.seq = p.s->seq,
+                             .tokens = p.tokens,
+                             .positions = p.positions,
+                             .visible = p.visible,
+                             .outputs = p.outputs});
+    batch_tokens += static_cast<int>(p.tokens.size());
   }
   absl::StatusOr<std::vector<ExtendOutput>> out = model_->Forward(extends, kv_);
   ++stats_.forwards;
@@ -703,19 +717,49 @@ std::vector<DraftEngine::Loop::ArPlanned> DraftEngine::Loop::PlanAr(
                                    kPrefixSalt);
     }
     const int n = std::min(size - s->cached, budget);
-    bool room = kv_.Reserve(s->seq, n).has_value();
+    // Mask drafts ride on the forward that feeds the session's last token.
+    const int masks = s->cached + n == size ? MaskRows(size) : 0;
+    bool room = kv_.Reserve(s->seq, n + masks).has_value();
     s->in_batch = true;  // not a victim for its own room
-    while (!room && EvictOne()) room = kv_.Reserve(s->seq, n).has_value();
+    while (!room && EvictOne()) room = kv_.Reserve(s->seq, n + masks).has_value();
     if (!room) {
       s->in_batch = false;
       continue;
     }
-    ArPlanned p{.s = s, .n = n, .positions = std::vector<int32_t>(n), .output = n - 1};
-    for (int i = 0; i < n; ++i) p.positions[i] = s->cached + i;
-    planned.push_back(std::move(p));
-    budget -= n;
+    planned.push_back(PlanExtend(*s, n, masks));
+    budget -= n + masks;
   }
   return planned;
+}
+
+int DraftEngine::Loop::MaskRows(int size) const {
+  if (options_.mask_drafts < 2) return 0;
+  const int masks = std::min(options_.mask_drafts, max_len_ - size);
+  return masks >= 2 ? masks : 0;
+}
+
+// The session's next n tokens, causal; with masks, the <|mask|> rows after them, which see
+// every fed token and each other (the block-diffusion layout of NLD's linear self-speculation).
+DraftEngine::Loop::ArPlanned DraftEngine::Loop::PlanExtend(Session& s, int n, int masks) const {
+  ArPlanned p{.s = &s, .n = n};
+  p.tokens.assign(s.tokens.begin() + s.cached, s.tokens.begin() + s.cached + n);
+  p.tokens.insert(p.tokens.end(), masks, *model_->config().diffusion.mask_token_id);
+  const int total = n + masks;
+  p.positions.resize(total);
+  for (int i = 0; i < total; ++i) p.positions[i] = s.cached + i;
+  p.outputs.push_back(n - 1);
+  if (masks == 0) return p;
+  p.visible = Visibility::Explicit(total);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j <= i; ++j) p.visible.Allow(i, j);
+  }
+  for (int i = n; i < total; ++i) {
+    for (int j = 0; j < total; ++j) p.visible.Allow(i, j);
+  }
+  // The first mask sits where the last token's row already predicts: it only conditions the
+  // others.
+  for (int i = n + 1; i < total; ++i) p.outputs.push_back(i);
+  return p;
 }
 
 // Every fed token's KV is kept; a session whose whole sequence is now cached gains the greedy
@@ -735,20 +779,24 @@ void DraftEngine::Loop::CommitAr(const std::vector<ArPlanned>& planned,
     stats_.fed_tokens += p.n;
     stats_.recomputed_tokens += std::max(0, std::min(s.cached + p.n, s.evicted_cached) - s.cached);
     s.cached += p.n;
-    if (s.cached == static_cast<int>(s.tokens.size())) {
-      if (s.grammar != nullptr) {
-        // Under the grammar: the row masked after the generated tokens and the chain so far.
-        row_.assign(out[i].logits.begin(), out[i].logits.end());
-        const std::span<const int32_t> generated =
-            std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.prompt_len));
-        if (s.grammar->MoveTo(generated, {})) s.grammar->Mask(row_);
-        s.tokens.push_back(Argmax(row_));
-      } else {
-        s.tokens.push_back(Argmax(out[i].logits));
-      }
+    if (s.cached != static_cast<int>(s.tokens.size())) continue;
+    // One draft from each output row, in position order: the last token's greedy successor,
+    // then the mask rows' (while the context has room).
+    for (int r = 0; r < static_cast<int>(p.outputs.size()) && CanExtend(s); ++r) {
+      s.tokens.push_back(Greedy(s, Row(out[i], r), static_cast<int>(s.tokens.size())));
       ++stats_.drafted_tokens;
     }
   }
+}
+
+int32_t DraftEngine::Loop::Greedy(Session& s, std::span<const float> logits, int end) {
+  if (s.grammar == nullptr) return Argmax(logits);
+  // Under the grammar: the row masked after the generated tokens of [0, end).
+  row_.assign(logits.begin(), logits.end());
+  const std::span<const int32_t> generated = std::span<const int32_t>(s.tokens).subspan(
+      static_cast<size_t>(s.prompt_len), static_cast<size_t>(end - s.prompt_len));
+  if (s.grammar->MoveTo(generated, {})) s.grammar->Mask(row_);
+  return Argmax(row_);
 }
 
 void DraftEngine::Loop::AccountStep(double seconds, int batch_tokens) {
@@ -778,6 +826,18 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(Transformer* mo
     return absl::InvalidArgumentError(absl::StrCat(
         "the drafter's KV cache (", options.kv_tokens,
         " tokens) must hold at least one full-context session (", context, " tokens)"));
+  }
+  if (options.mask_drafts != 0) {
+    if (options.mask_drafts < 2 || options.mask_drafts > kMaxMaskDrafts) {
+      return absl::InvalidArgumentError(absl::StrCat("mask drafts must be 2..", kMaxMaskDrafts,
+                                                     " tokens a forward, got ",
+                                                     options.mask_drafts));
+    }
+    if (options.dflash != nullptr || !model->config().diffusion.mask_token_id) {
+      return absl::InvalidArgumentError(
+          "mask drafts need a model with a block-diffusion pathway (a <|mask|> token in its "
+          "config), and no DFlash drafter");
+    }
   }
   if (options.max_sessions < 1) {
     return absl::InvalidArgumentError(

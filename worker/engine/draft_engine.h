@@ -43,6 +43,16 @@
 // one drafter and its one-sequence cache (no batching, no AR KV); without the pathway the block
 // size is ignored and the session gets greedy chains.
 //
+// Mask drafts (options.mask_drafts = k, a tri-mode model such as the verifier's own target:
+// NLD §3.3 linear self-speculation with the draft and verify forwards on two services): the
+// forward that feeds a session's last tokens also carries k <|mask|> rows at the next positions,
+// which see every fed token and each other but are never kept in the KV. Its k drafts are the
+// last token's greedy successor (the AR pathway's prediction of the first masked position, so a
+// drafter hosting the target drafts that one exactly) and the argmax of masks 2..k (the same
+// position convention as `self_spec`). Drafted tokens are fed causally by the next forward, so
+// the chain keeps growing ahead of the verifier k tokens a forward, optimistic on full
+// acceptance, and agreeing advances reuse its KV as in the greedy path.
+//
 // Structured output: a session opened with a grammar (DraftSessionGrammar, compiled by the
 // caller) drafts its greedy chain under it: before each argmax the row is masked to what the
 // grammar allows after the session's generated tokens and chain, so the verifier's
@@ -103,7 +113,13 @@ struct DraftEngineOptions {
   // Prefix caching of the autoregressive path's KV (worker/kv/kv_cache.h): a session that
   // needs KV takes the longest cached prefix of its tokens, another session's included.
   bool prefix_cache = true;
+  // > 0: chains are drafted with the model's block-diffusion pathway, this many tokens a
+  // forward (see "Mask drafts" above; 2..kMaxMaskDrafts, and the model needs a <|mask|>
+  // token). 0: one greedy token a forward.
+  int mask_drafts = 0;
 };
+
+inline constexpr int kMaxMaskDrafts = 64;
 
 // A snapshot of the engine's counters.
 struct DraftEngineStats {
@@ -168,6 +184,11 @@ class DraftEngine {
   DraftEngineStats Stats() const;
   const ModelConfig& model_config() const { return model_->config(); }
   const DraftEngineOptions& options() const { return options_; }
+  // How it drafts, as WorkerInfo.modes and the registry name it: "dflash" (blocks from the
+  // target's hidden states), "mask_drafts" (the model's <|mask|> rows) or "ar" (greedy chains).
+  const char* drafting() const {
+    return options_.dflash != nullptr ? "dflash" : options_.mask_drafts > 0 ? "mask_drafts" : "ar";
+  }
 
  private:
   struct Message;
