@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -28,6 +29,9 @@ namespace tandem::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Branches a chain of the branch-ahead drafter.
+constexpr int kBenchBranches = 2;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
@@ -114,9 +118,10 @@ struct ClusterRun {
   int forwards = 0;
   int drafted = 0;
   int accepted = 0;
-  int draft_steps = 0;    // steps that could verify drafts
-  int drafts_ready = 0;   // of those, with the chain there when the verifier looked
-  int drafts_waited = 0;  // of those, with a chain the verifier waited for
+  int draft_steps = 0;         // steps that could verify drafts
+  int drafts_ready = 0;        // of those, with the chain there when the verifier looked
+  int drafts_waited = 0;       // of those, with a chain the verifier waited for
+  int drafts_from_branch = 0;  // of the steps that verified drafts, those from a branch
 };
 
 double Share(int part, int whole) { return whole > 0 ? static_cast<double>(part) / whole : 0; }
@@ -167,6 +172,7 @@ absl::StatusOr<ClusterRun> RunThroughVerifier(v1::Verifier::Stub& stub,
     run.draft_steps += usage.draft_steps();
     run.drafts_ready += usage.drafts_ready();
     run.drafts_waited += usage.drafts_waited();
+    run.drafts_from_branch += usage.drafts_from_branch();
   }
   run.step_seconds = Median(steps);
   run.tokens_per_forward = run.forwards > 0 ? static_cast<double>(run.tokens) / run.forwards : 0;
@@ -226,20 +232,37 @@ int RunBenchCluster(const BenchClusterArgs& args) {
     if (!address.ok()) return address.status();
     return std::pair(std::move(*child), *address);
   };
-  auto drafter = start_drafter({"--model", drafter_dir});
-  if (!drafter.ok()) return fail(drafter.status());
-  absl::StatusOr<std::pair<std::unique_ptr<ChildProcess>, std::string>> self_drafter =
-      absl::FailedPreconditionError("the target has no <|mask|> token");
+  // The ways `spec` drafts, each from a drafter process of its own: the drafter's greedy chains;
+  // the same with branch-ahead; and, for a tri-mode target, the target's own mask drafts (one
+  // forward of the verifier's γ + 1 rows: self-speculation split across two services).
+  struct Variant {
+    std::string name;
+    std::vector<std::string> flags;
+    std::unique_ptr<ChildProcess> process;
+    std::string address;
+    ClusterRun run;
+    double draft_seconds = 0;  // in-process
+  };
+  std::vector<Variant> variants;
+  variants.push_back({.name = "drafter chains", .flags = {"--model", drafter_dir}});
+  variants.push_back(
+      {.name = absl::StrFormat("branch-ahead (%d branches)", kBenchBranches),
+       .flags = {"--model", drafter_dir, "--branches", std::to_string(kBenchBranches)}});
   if (split) {
-    // One mask draft a forward of the verifier's γ + 1 tokens: the verify forward's size.
-    self_drafter = start_drafter(
-        {"--model", *model_dir, "--mask-drafts", std::to_string(std::max(2, args.gamma + 1))});
-    if (!self_drafter.ok()) return fail(self_drafter.status());
+    variants.push_back(
+        {.name = absl::StrFormat("split self-spec (k = %d)", args.gamma + 1),
+         .flags = {"--model", *model_dir, "--mask-drafts", std::to_string(args.gamma + 1)}});
+  }
+  for (Variant& v : variants) {
+    auto started = start_drafter(v.flags);
+    if (!started.ok()) return fail(started.status());
+    v.process = std::move(started->first);
+    v.address = started->second;
   }
   auto verifier = ChildProcess::Start(
       {.name = "verifier",
        .argv = {*verifier_bin, "--model", *model_dir, "--listen", "127.0.0.1:0", "--threads",
-                std::to_string(threads), "--drafter", drafter->second, "--draft-timeout-ms",
+                std::to_string(threads), "--drafter", variants[0].address, "--draft-timeout-ms",
                 std::to_string(args.draft_timeout_ms), "--calibration-seconds", "0"},
        .forward_output = false,
        .default_env = SharedCoresEnv()});
@@ -250,25 +273,22 @@ int RunBenchCluster(const BenchClusterArgs& args) {
       grpc::CreateChannel(*verifier_address, grpc::InsecureChannelCredentials()));
 
   // Warm-up: the first requests pay for page faults, thread pools and drafter sessions.
-  const std::string self_address = split ? self_drafter->second : "";
-  std::vector<std::string> drafters = {""};
-  if (split) drafters.push_back(self_address);
-  for (const std::string& address : drafters) {
-    if (auto warm = RunThroughVerifier(*stub, {prompts->front()}, "spec", args.gamma, 8, address);
+  for (const Variant& v : variants) {
+    if (auto warm = RunThroughVerifier(*stub, {prompts->front()}, "spec", args.gamma, 8, v.address);
         !warm.ok()) {
       return fail(warm.status());
     }
   }
-  absl::StatusOr<ClusterRun> spec =
-      RunThroughVerifier(*stub, *prompts, "spec", args.gamma, args.max_tokens);
-  if (!spec.ok()) return fail(spec.status());
-  std::optional<ClusterRun> split_spec, local_self_spec;
+  for (Variant& v : variants) {
+    absl::StatusOr<ClusterRun> run =
+        RunThroughVerifier(*stub, *prompts, "spec", args.gamma, args.max_tokens, v.address);
+    if (!run.ok()) return fail(run.status());
+    v.run = *run;
+  }
+  std::optional<ClusterRun> local_self_spec;
   if (split) {
     absl::StatusOr<ClusterRun> run =
-        RunThroughVerifier(*stub, *prompts, "spec", args.gamma, args.max_tokens, self_address);
-    if (!run.ok()) return fail(run.status());
-    split_spec = *run;
-    run = RunThroughVerifier(*stub, *prompts, "self_spec", args.gamma + 1, args.max_tokens);
+        RunThroughVerifier(*stub, *prompts, "self_spec", args.gamma + 1, args.max_tokens);
     if (!run.ok()) return fail(run.status());
     local_self_spec = *run;
   }
@@ -276,8 +296,7 @@ int RunBenchCluster(const BenchClusterArgs& args) {
   if (!ar.ok()) return fail(ar.status());
   const std::vector<double> rtt = LoopbackRoundTrips(*stub, 200);
   verifier->reset();
-  drafter->first.reset();
-  if (split) self_drafter->first.reset();
+  for (Variant& v : variants) v.process.reset();
 
   // The same forwards in this process, with one process's threads: verification on the
   // target, drafting on the drafter. A split self-spec draft is one forward of γ + 1 rows on
@@ -285,35 +304,24 @@ int RunBenchCluster(const BenchClusterArgs& args) {
   kernels::cpu::SetBlasThreads(threads);
   absl::StatusOr<ForwardTimes> times = TimeForwards(*model->model, args.gamma, 64, 30);
   if (!times.ok()) return fail(times.status());
-  const double split_draft = times->verify;
+  double chain_draft = times->draft;
   if (drafter_dir != *model_dir) {
     absl::StatusOr<LoadedModel> drafter_model = LoadModelDir(drafter_dir);
     if (!drafter_model.ok()) return fail(drafter_model.status());
     absl::StatusOr<ForwardTimes> drafter_times =
         TimeForwards(*drafter_model->model, args.gamma, 64, 30);
     if (!drafter_times.ok()) return fail(drafter_times.status());
-    times->draft = drafter_times->draft;
+    chain_draft = drafter_times->draft;
+  }
+  for (size_t i = 0; i < variants.size(); ++i) {
+    variants[i].draft_seconds = i < 2 ? chain_draft : times->verify;
   }
 
-  auto overlap = [&](const ClusterRun& run, double draft) {
-    const double serial = draft + times->verify;
-    return serial > 0 ? run.step_seconds / serial : 0;
+  auto overlap = [&](const Variant& v) {
+    const double serial = v.draft_seconds + times->verify;
+    return serial > 0 ? v.run.step_seconds / serial : 0;
   };
   const double rtt_p50 = Percentile(rtt, 0.5), rtt_p99 = Percentile(rtt, 0.99);
-  auto json_run = [&](const ClusterRun& run, double draft) {
-    return nlohmann::json{
-        {"draft_seconds", draft},
-        {"step_seconds", run.step_seconds},
-        {"overlap_ratio", overlap(run, draft)},
-        {"tokens_per_forward", run.tokens_per_forward},
-        {"tokens_per_second", run.tokens_per_second},
-        {"drafted", run.drafted},
-        {"accepted", run.accepted},
-        {"draft_steps", run.draft_steps},
-        {"ready_on_arrival", Share(run.drafts_ready, run.draft_steps)},
-        {"waited", Share(run.drafts_waited, run.draft_steps)},
-    };
-  };
   if (args.json) {
     nlohmann::json j = {
         {"model", *model_dir},
@@ -323,14 +331,29 @@ int RunBenchCluster(const BenchClusterArgs& args) {
         {"prompts", prompts->size()},
         {"max_tokens", args.max_tokens},
         {"verify_seconds", times->verify},
-        {"spec", json_run(*spec, times->draft)},
         {"ar_step_seconds", ar->step_seconds},
         {"ar_tokens_per_second", ar->tokens_per_second},
         {"loopback_rtt_p50_seconds", rtt_p50},
         {"loopback_rtt_p99_seconds", rtt_p99},
     };
+    for (const Variant& v : variants) {
+      const ClusterRun& r = v.run;
+      j["spec"].push_back({
+          {"variant", v.name},
+          {"draft_seconds", v.draft_seconds},
+          {"step_seconds", r.step_seconds},
+          {"overlap_ratio", overlap(v)},
+          {"tokens_per_forward", r.tokens_per_forward},
+          {"tokens_per_second", r.tokens_per_second},
+          {"drafted", r.drafted},
+          {"accepted", r.accepted},
+          {"draft_steps", r.draft_steps},
+          {"ready_on_arrival", Share(r.drafts_ready, r.draft_steps)},
+          {"waited", Share(r.drafts_waited, r.draft_steps)},
+          {"from_branch", Share(r.drafts_from_branch, r.draft_steps)},
+      });
+    }
     if (split) {
-      j["split_self_spec"] = json_run(*split_spec, split_draft);
       j["self_spec_tokens_per_forward"] = local_self_spec->tokens_per_forward;
       j["self_spec_tokens_per_second"] = local_self_spec->tokens_per_second;
     }
@@ -343,33 +366,40 @@ int RunBenchCluster(const BenchClusterArgs& args) {
       model_dir->c_str(), drafter_dir.c_str(),
       drafter_dir == *model_dir ? " (self-drafting: an upper bound on acceptance)" : "", args.gamma,
       prompts->size(), args.max_tokens, threads);
-  // Columns: spec with the drafter's greedy chains, and (a tri-mode target) spec with the
-  // target's own mask drafts from a second drafter process: self-speculation split.
-  std::printf(
-      "| quantity | spec, drafter chains | spec, split self-spec (k = %d) |\n|---|---|---|\n",
-      args.gamma + 1);
-  auto row = [&](const char* name, const std::string& plain, const std::string& self) {
-    std::printf("| %s | %s | %s |\n", name, plain.c_str(), split ? self.c_str() : "-");
+  std::printf("| quantity |");
+  for (const Variant& v : variants) std::printf(" spec, %s |", v.name.c_str());
+  std::printf("\n|---|");
+  for (size_t i = 0; i < variants.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  auto row = [&](const char* name, const std::function<std::string(const Variant&)>& cell) {
+    std::printf("| %s |", name);
+    for (const Variant& v : variants) std::printf(" %s |", cell(v).c_str());
+    std::printf("\n");
   };
-  const ClusterRun none;
-  const ClusterRun& s = split ? *split_spec : none;
   auto ms = [](double seconds) { return absl::StrFormat("%.2f ms", seconds * 1e3); };
-  row("draft, in-process", absl::StrFormat("%s (%d forwards)", ms(times->draft), args.gamma),
-      absl::StrFormat("%s (1 forward)", ms(split_draft)));
-  row("verify: one forward of gamma + 1 tokens, in-process", ms(times->verify), ms(times->verify));
-  row("spec step through the services", ms(spec->step_seconds), ms(s.step_seconds));
-  row("step / (draft + verify)", absl::StrFormat("%.2f", overlap(*spec, times->draft)),
-      absl::StrFormat("%.2f", overlap(s, split_draft)));
-  auto arrival = [](const ClusterRun& r) {
+  row("draft, in-process", [&](const Variant& v) {
+    return &v == &variants.back() && split
+               ? absl::StrFormat("%s (1 forward)", ms(v.draft_seconds))
+               : absl::StrFormat("%s (%d forwards)", ms(v.draft_seconds), args.gamma);
+  });
+  row("verify: one forward of gamma + 1 tokens, in-process",
+      [&](const Variant&) { return ms(times->verify); });
+  row("spec step through the services", [&](const Variant& v) { return ms(v.run.step_seconds); });
+  row("step / (draft + verify)",
+      [&](const Variant& v) { return absl::StrFormat("%.2f", overlap(v)); });
+  row("drafts ready on arrival / waited for / late", [](const Variant& v) {
+    const ClusterRun& r = v.run;
     return absl::StrFormat("%.2f / %.2f / %.2f", Share(r.drafts_ready, r.draft_steps),
                            Share(r.drafts_waited, r.draft_steps),
                            Share(r.draft_steps - r.drafts_ready - r.drafts_waited, r.draft_steps));
-  };
-  row("drafts ready on arrival / waited for / late", arrival(*spec), arrival(s));
-  row("tokens per target forward", absl::StrFormat("%.2f", spec->tokens_per_forward),
-      absl::StrFormat("%.2f", s.tokens_per_forward));
-  row("decode tokens/s", absl::StrFormat("%.1f", spec->tokens_per_second),
-      absl::StrFormat("%.1f", s.tokens_per_second));
+  });
+  row("steps drafting from a branch", [](const Variant& v) {
+    return absl::StrFormat("%.2f", Share(v.run.drafts_from_branch, v.run.draft_steps));
+  });
+  row("tokens per target forward",
+      [](const Variant& v) { return absl::StrFormat("%.2f", v.run.tokens_per_forward); });
+  row("decode tokens/s",
+      [](const Variant& v) { return absl::StrFormat("%.1f", v.run.tokens_per_second); });
   std::printf("\n| other modes through the verifier | value |\n|---|---|\n");
   if (split) {
     std::printf("| in-process self_spec (k = %d): tokens per target forward | %.2f |\n",

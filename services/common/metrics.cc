@@ -249,6 +249,15 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
     drafter_sessions_ = &r.Gauges("tandem_drafter_sessions", "Open drafting sessions")->Add({});
     drafter_forwards_ =
         &r.Counters("tandem_drafter_forwards_total", "Batched drafter forwards")->Add({});
+    drafter_branches_ =
+        &r.Counters("tandem_drafter_branches_total", "Branch-ahead chains sent to verifiers")
+             ->Add({});
+    drafter_branch_tokens_ = &r.Counters("tandem_drafter_branch_tokens_total",
+                                         "Tokens drafted in branch-ahead branches, sent or dropped")
+                                  ->Add({});
+    drafter_branch_hits_ = &r.Counters("tandem_drafter_branch_hits_total",
+                                       "Advances whose tokens took the path of a sent branch")
+                                ->Add({});
   }
 }
 
@@ -440,6 +449,13 @@ void ServiceMetrics::SetWorkerUp(const std::string& worker, const std::string& r
 
 void ServiceMetrics::SetDrafterSessions(int64_t sessions) {
   if (drafter_sessions_ != nullptr) drafter_sessions_->Set(static_cast<double>(sessions));
+}
+
+void ServiceMetrics::AddDrafterBranches(int64_t sent, int64_t tokens, int64_t hits) {
+  if (drafter_branches_ == nullptr) return;
+  if (sent > 0) drafter_branches_->Increment(static_cast<double>(sent));
+  if (tokens > 0) drafter_branch_tokens_->Increment(static_cast<double>(tokens));
+  if (hits > 0) drafter_branch_hits_->Increment(static_cast<double>(hits));
 }
 
 void ServiceMetrics::AddDrafterForwards(int64_t forwards) {

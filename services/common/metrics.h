@@ -124,6 +124,9 @@ class ServiceMetrics {
   // Drafter.
   void SetDrafterSessions(int64_t sessions);
   void AddDrafterForwards(int64_t forwards);
+  // Drafter: branch-ahead chains sent, tokens drafted in branches, and advances that took a
+  // sent branch's path (the increments since the last call).
+  void AddDrafterBranches(int64_t sent, int64_t tokens, int64_t hits);
 
  private:
   class Scrape;    // the collectable a scrape reads: runs the hook, then the registry
@@ -166,6 +169,9 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Gauge>* worker_up_ = nullptr;
   prometheus::Gauge* drafter_sessions_ = nullptr;
   prometheus::Counter* drafter_forwards_ = nullptr;
+  prometheus::Counter* drafter_branches_ = nullptr;
+  prometheus::Counter* drafter_branch_tokens_ = nullptr;
+  prometheus::Counter* drafter_branch_hits_ = nullptr;
   prometheus::Family<prometheus::Counter>* fallbacks_ = nullptr;
   prometheus::Family<prometheus::Counter>* draft_stream_breaks_ = nullptr;
   prometheus::Family<prometheus::Counter>* draft_chain_arrivals_ = nullptr;

@@ -10,7 +10,9 @@ ChainOutbox::Action ChainOutbox::Push(DraftChain chain) {
   absl::MutexLock lock(&mu_);
   if (closed_) return {};
   auto it = latest_.find(chain.session);
-  const bool mergeable = it != latest_.end() && it->second->error.ok();
+  // A branch is a message of its own: it never merges, and later chains of its session merge
+  // past it into their own latest one.
+  const bool mergeable = it != latest_.end() && it->second->error.ok() && !chain.branch;
   if (mergeable && !chain.error.ok()) {
     // The session ends: its queued tokens are of no use any more.
     *it->second = std::move(chain);
@@ -22,8 +24,9 @@ ChainOutbox::Action ChainOutbox::Push(DraftChain chain) {
     // A replacement stays a message of its own: merged into the queued chain its `from` could
     // read as an extension of what the reader already holds.
     const uint64_t session = chain.session;
+    const bool branch = chain.branch;
     queue_.push_back(std::move(chain));
-    latest_[session] = std::prev(queue_.end());
+    if (!branch) latest_[session] = std::prev(queue_.end());
     if (queue_.size() > max_queued_) {
       closed_ = true;
       finish_status_ = absl::ResourceExhaustedError(absl::StrCat(

@@ -2,7 +2,7 @@
 // finish state machine (one write in flight, Finish exactly once and never during a write).
 //
 // A chain that extends the session's last queued one merges into it (block drafts never do:
-// they always replace) and an error replaces it,
+// they always replace; branches never merge and are never merged into) and an error replaces it,
 // so a verifier that reads slowly receives fewer, longer chains rather than a backlog of
 // single tokens; replacements (one per Open or Advance the verifier sent) stay separate. Past
 // `max_queued` entries (a reader that stopped reading, or a flood of bad messages) the stream is

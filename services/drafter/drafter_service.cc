@@ -113,6 +113,7 @@ class DraftStream final : public grpc::ServerBidiReactor<v1::DraftClientMessage,
       out_.set_from(c.from);
       out_.mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
       out_.mutable_slots()->Add(c.slots.begin(), c.slots.end());
+      out_.set_branch(c.branch);
       if (!c.error.ok()) out_.set_error(c.error.ToString());
       StartWrite(&out_);
     }

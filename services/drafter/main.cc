@@ -106,15 +106,18 @@ int Run(const std::string& model_dir, const std::string& target_dir,
     return 1;
   }
   // Scrapes run one at a time, so the hook may remember the forwards counted so far.
-  metrics.SetScrapeHook(
-      [engine = engine->get(), counted = int64_t{0}](tandem::ServiceMetrics& m) mutable {
-        const tandem::DraftEngineStats stats = engine->Stats();
-        m.SetDrafterSessions(stats.sessions);
-        m.SetKvUsageRatio(stats.kv_usage_ratio);
-        m.SetPrefixCache(stats.prefix_cache);
-        m.AddDrafterForwards(stats.forwards - counted);
-        counted = stats.forwards;
-      });
+  metrics.SetScrapeHook([engine = engine->get(),
+                         counted = tandem::DraftEngineStats{}](tandem::ServiceMetrics& m) mutable {
+    const tandem::DraftEngineStats stats = engine->Stats();
+    m.SetDrafterSessions(stats.sessions);
+    m.SetKvUsageRatio(stats.kv_usage_ratio);
+    m.SetPrefixCache(stats.prefix_cache);
+    m.AddDrafterForwards(stats.forwards - counted.forwards);
+    m.AddDrafterBranches(stats.branches - counted.branches,
+                         stats.branch_tokens - counted.branch_tokens,
+                         stats.branch_hits - counted.branch_hits);
+    counted = stats;
+  });
   // The hook reads the engine: off before it goes.
   absl::Cleanup hook_off = [&metrics] { metrics.SetScrapeHook(nullptr); };
   if (!metrics_flags.listen.empty()) {
@@ -263,6 +266,14 @@ int main(int argc, char** argv) {
                  "its AR pathway). 0 = off; needs a <|mask|> token")
       ->envname("TANDEM_DRAFTER_MASK_DRAFTS")
       ->check(CLI::Range(0, tandem::kMaxMaskDrafts))
+      ->capture_default_str();
+  app.add_option("--branches", engine_options.branches,
+                 "Branch-ahead drafting: once every chain is drafted ahead, draft up to this many "
+                 "alternative chains per session for its likeliest partial acceptances (the "
+                 "accepted drafts, the runner-up token at the first refused one, then gamma "
+                 "more), so that a partially accepted step finds its next draft ready. 0 = off")
+      ->envname("TANDEM_DRAFTER_BRANCHES")
+      ->check(CLI::Range(0, tandem::kMaxBranches))
       ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (OpenMP and matrix products); 0 = all cores")
       ->envname("TANDEM_DRAFTER_THREADS")

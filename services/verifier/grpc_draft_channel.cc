@@ -134,7 +134,8 @@ class GrpcDraftChannel::Stream final
     DraftChain chain{.session = in_.session(),
                      .from = in_.from(),
                      .tokens = std::vector<int32_t>(in_.tokens().begin(), in_.tokens().end()),
-                     .slots = std::vector<int32_t>(in_.slots().begin(), in_.slots().end())};
+                     .slots = std::vector<int32_t>(in_.slots().begin(), in_.slots().end()),
+                     .branch = in_.branch()};
     if (!in_.error().empty()) {
       chain.error =
           absl::UnavailableError(absl::StrCat("drafter at ", core_->address, ": ", in_.error()));

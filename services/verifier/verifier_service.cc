@@ -70,6 +70,7 @@ v1::GenerateResponse ToResponse(const SequenceEvent& event, const Tokenizer& tok
     out->set_draft_steps(usage.draft_steps);
     out->set_drafts_ready(usage.drafts_ready);
     out->set_drafts_waited(usage.drafts_waited);
+    out->set_drafts_from_branch(usage.drafts_from_branch);
     v1::Timings* timings = response.mutable_timings();
     timings->set_queue_seconds(usage.queue_seconds);
     timings->set_time_to_first_token_seconds(usage.ttft_seconds);

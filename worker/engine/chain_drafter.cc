@@ -14,6 +14,16 @@ void DraftChainBuffer::Merge(DraftChain chain, std::span<const int32_t> sequence
     return;
   }
   if (chain.from < 0) return;  // malformed: ignore rather than draft from garbage
+  // Branches the sequence has passed can draft nothing more.
+  std::erase_if(branches, [&](const Branch& b) {
+    return b.from + static_cast<int>(b.tokens.size()) <= static_cast<int>(sequence.size());
+  });
+  if (chain.branch) {
+    if (!chain.slots.empty() || chain.tokens.empty()) return;  // malformed
+    if (branches.size() == kMaxBranches) branches.erase(branches.begin());
+    branches.push_back(Branch{.from = chain.from, .tokens = std::move(chain.tokens)});
+    return;
+  }
   if (!chain.slots.empty() || !slots.empty()) {
     // A block draft replaces and is replaced; one with a slot count that does not match its
     // tokens is malformed and dropped (no drafts rather than drafts from garbage).
@@ -43,14 +53,37 @@ void DraftChainBuffer::Merge(DraftChain chain, std::span<const int32_t> sequence
   tokens = std::move(chain.tokens);
 }
 
-std::span<const int32_t> DraftChainBuffer::Usable(std::span<const int32_t> seq) const {
+namespace {
+
+// The drafts of a chain of `tokens` from `from` after the sequence `seq`: empty unless the chain
+// agrees with `seq` on [from, seq.size()) and goes past it.
+std::span<const int32_t> DraftsAfter(int from, std::span<const int32_t> tokens,
+                                     std::span<const int32_t> seq) {
   const int t = static_cast<int>(seq.size());
   const int end = from + static_cast<int>(tokens.size());
-  if (!enabled || !slots.empty() || from > t || end <= t) return {};
+  if (from > t || end <= t) return {};
   for (int i = from; i < t; ++i) {
     if (tokens[i - from] != seq[i]) return {};
   }
-  return std::span<const int32_t>(tokens).subspan(t - from);
+  return tokens.subspan(t - from);
+}
+
+}  // namespace
+
+std::span<const int32_t> DraftChainBuffer::Usable(std::span<const int32_t> seq) const {
+  if (!enabled || !slots.empty()) return {};
+  std::span<const int32_t> drafts = DraftsAfter(from, tokens, seq);
+  if (!drafts.empty()) return drafts;
+  // The branch that gives the most drafts (a branch is sent again as it grows).
+  for (const Branch& b : branches) {
+    std::span<const int32_t> more = DraftsAfter(b.from, b.tokens, seq);
+    if (more.size() > drafts.size()) drafts = more;
+  }
+  return drafts;
+}
+
+bool DraftChainBuffer::UsableFromBranch(std::span<const int32_t> seq) const {
+  return enabled && slots.empty() && DraftsAfter(from, tokens, seq).empty() && !Usable(seq).empty();
 }
 
 int DraftChainBuffer::Available(std::span<const int32_t> seq) const {

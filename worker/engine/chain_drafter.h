@@ -20,9 +20,18 @@ namespace tandem {
 // block draft (`slots` not empty): tokens[r] for slot slots[r] of the block starting at `from`,
 // in the drafter's decoding order.
 struct DraftChainBuffer {
+  // Branch-ahead chains kept at once (the newest); more is a drafter's bug or a flood.
+  static constexpr size_t kMaxBranches = 8;
+  struct Branch {
+    int from = 0;
+    std::vector<int32_t> tokens;
+  };
+
   int from = 0;
   std::vector<int32_t> tokens;
   std::vector<int32_t> slots;
+  // Alternatives drafted for likely partial acceptances of the chain (DraftChain.branch).
+  std::vector<Branch> branches;
   // Off after a chain with an error or a broken channel: the sequence decodes by AR steps.
   bool enabled = true;
   absl::Status error;
@@ -30,12 +39,16 @@ struct DraftChainBuffer {
   // A chain starting where this one ends extends it, unless this one already disagrees with
   // `sequence` (the sequence's tokens now): a drafter that drafted from a rejected draft's
   // position starts where the old chain ends, but means a new chain. Any other chain replaces
-  // it. A block draft always replaces, and is always replaced. An error turns drafting off.
+  // it. A block draft always replaces, and is always replaced. A branch joins the branches
+  // (those the sequence has passed are dropped). An error turns drafting off.
   void Merge(DraftChain chain, std::span<const int32_t> sequence);
   // Draft tokens usable after `tokens`: the chain must agree with `tokens` on
-  // [from, tokens.size()); then the chain's tokens past tokens.size() are drafts.
-  // Left-to-right chains only (empty for a block draft).
+  // [from, tokens.size()); then the chain's tokens past tokens.size() are drafts. When it does
+  // not, the branch that does with the most drafts. Left-to-right chains only (empty for a
+  // block draft).
   std::span<const int32_t> Usable(std::span<const int32_t> tokens) const;
+  // Whether Usable(tokens) comes from a branch.
+  bool UsableFromBranch(std::span<const int32_t> tokens) const;
   // Drafts available for the step after `tokens`: Usable(tokens).size(), or for a block draft
   // its size when its block starts at tokens.size() (else 0).
   int Available(std::span<const int32_t> tokens) const;

@@ -55,6 +55,9 @@ struct DraftChain {
   std::vector<int32_t> tokens;
   absl::Status error;
   std::vector<int32_t> slots;
+  // An alternative to the session's chain for a likely partial acceptance (drafter.proto,
+  // DraftChain.branch): kept beside it, never replacing it.
+  bool branch = false;
 };
 
 // Target hidden states of consecutive tokens of one session, for drafters conditioned on them

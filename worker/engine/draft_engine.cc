@@ -4,11 +4,14 @@
 #include <chrono>
 #include <limits>
 #include <map>
+#include <span>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "worker/decoding/diffusion_drafter.h"
+#include "worker/engine/branch_ahead.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/sampling/sampling.h"
 
@@ -77,6 +80,17 @@ struct DraftEngine::Session {
   // prompt.
   std::unique_ptr<GrammarCursor> grammar;
   int prompt_len = 0;
+  // Branch-ahead (options.branches > 0; greedy chains): each token's probability and runner-up
+  // as drafted (parallel to `tokens`; empty entries for the verifier's tokens), whether the
+  // chain was branched since the last Open/Advance, and the paths (accepted drafts, then the
+  // correction) of the branches sent since.
+  std::vector<DraftAlternative> alternatives;
+  bool branched = false;
+  std::vector<std::vector<int32_t>> branch_paths;
+  // A branch session: drafts for its parent session `id` from the parent's final length
+  // `branch_from`; its own final tokens end with the branch's correction.
+  bool is_branch = false;
+  int branch_from = 0;
 
   int chain_len() const { return static_cast<int>(tokens.size()) - final_len; }
 };
@@ -130,6 +144,9 @@ class DraftEngine::Loop {
     for (const auto& [key, s] : sessions_) {
       if (NeedsWork(s)) return true;
     }
+    for (const auto& [key, s] : branches_) {
+      if (NeedsWork(s)) return true;
+    }
     return false;
   }
 
@@ -151,6 +168,7 @@ class DraftEngine::Loop {
 
   bool CanExtend(const Session& s) const { return static_cast<int>(s.tokens.size()) < max_len_; }
   bool NeedsWork(const Session& s) const {
+    if (s.is_branch) return CanExtend(s) && s.chain_len() < s.gamma;
     if (s.block_size > 0) return s.block_due;
     if (options_.dflash != nullptr) return s.dflash_due;
     return CanExtend(s) && s.chain_len() < 2 * s.gamma + 1;
@@ -195,6 +213,7 @@ class DraftEngine::Loop {
   }
 
   void Erase(uint64_t stream, uint64_t session) {
+    DropBranches(stream, session);
     auto it = sessions_.find({stream, session});
     if (it == sessions_.end()) return;
     if (it->second.resident) kv_.RemoveSequence(it->second.seq);
@@ -202,6 +221,11 @@ class DraftEngine::Loop {
   }
 
   void RemoveStream(uint64_t stream) {
+    for (auto b = branches_.lower_bound({stream, 0, 0});
+         b != branches_.end() && std::get<0>(b->first) == stream;) {
+      if (b->second.resident) kv_.RemoveSequence(b->second.seq);
+      b = branches_.erase(b);
+    }
     auto it = sessions_.lower_bound({stream, 0});
     while (it != sessions_.end() && it->first.first == stream) {
       if (it->second.resident) kv_.RemoveSequence(it->second.seq);
@@ -340,6 +364,7 @@ class DraftEngine::Loop {
     s.gamma = gamma;
     s.tokens = std::move(tokens);
     s.final_len = static_cast<int>(s.tokens.size());
+    if (options_.branches > 0) s.alternatives.resize(s.tokens.size());
     if (grammar.has_value()) {
       s.grammar = std::make_unique<GrammarCursor>(grammar->grammar, grammar->stop_tokens);
       s.prompt_len = grammar->prompt_len;
@@ -401,6 +426,10 @@ class DraftEngine::Loop {
     std::vector<int32_t> outputs;
   };
   void ArStep();
+  void SpawnBranches();
+  void SendBranch(Session& b);
+  void DropBranches(uint64_t stream, uint64_t session);
+  void CountBranchHit(Session& s, std::span<const int32_t> append);
   std::vector<ArPlanned> PlanAr(const std::vector<Session*>& candidates);
   // <|mask|> rows of a session's drafting forward when it has `size` tokens (0: one greedy
   // token a forward).
@@ -492,6 +521,8 @@ class DraftEngine::Loop {
     if (append.empty() && (gamma == 0 || gamma == s.gamma)) return;
     if (gamma > 0) s.gamma = gamma;
     const int n = static_cast<int>(append.size());
+    CountBranchHit(s, append);
+    DropBranches(stream, id);
     int agree = 0;
     while (agree < n && agree < s.chain_len() && s.tokens[s.final_len + agree] == append[agree]) {
       ++agree;
@@ -503,6 +534,10 @@ class DraftEngine::Loop {
       s.tokens.insert(s.tokens.end(), append.begin() + agree, append.end());
       if (s.cached > keep) TruncateKv(s, keep);
       s.evicted_cached = std::min(s.evicted_cached, keep);
+      if (options_.branches > 0) {
+        s.alternatives.resize(keep);
+        s.alternatives.resize(s.tokens.size());
+      }
     }
     s.final_len = old_final + n;
     stats_.reused_tokens += std::max(0, std::min(s.cached, s.final_len) - old_final);
@@ -530,6 +565,14 @@ class DraftEngine::Loop {
   // Drops the KV of the least useful resident session outside the batch: first those whose
   // chain is already long enough, then the least recently served. False when there is none.
   bool EvictOne() {
+    // Branches first: they are only speculation.
+    for (auto& [key, b] : branches_) {
+      if (b.resident && !b.in_batch) {
+        DropKv(b);
+        ++stats_.evictions;
+        return true;
+      }
+    }
     Session* victim = nullptr;
     for (auto& [key, s] : sessions_) {
       if (!s.resident || s.in_batch) continue;
@@ -554,6 +597,8 @@ class DraftEngine::Loop {
   int64_t step_ = 0;
   std::map<uint64_t, ChainSink> sinks_;
   std::map<Key, Session> sessions_;  // ordered: a stream's sessions are one range
+  // Branch-ahead sessions by (stream, parent session, outcome j).
+  std::map<std::tuple<uint64_t, uint64_t, int>, Session> branches_;
   DraftEngineStats stats_;
   std::unique_ptr<DiffusionDrafter> block_drafter_;  // null without a diffusion pathway
   std::vector<float> row_;  // CommitAr's scratch: a logit row masked by a session's grammar
@@ -641,6 +686,7 @@ void DraftEngine::Loop::Step() {
     return;
   }
   ArStep();
+  if (options_.branches > 0) SpawnBranches();
 }
 
 // An autoregressive draft step: plan (sessions in need, verifier-waiting first, then the least
@@ -651,12 +697,17 @@ void DraftEngine::Loop::ArStep() {
   for (auto& [key, s] : sessions_) {
     if (NeedsWork(s)) candidates.push_back(&s);
   }
+  for (auto& [key, s] : branches_) {
+    if (NeedsWork(s)) candidates.push_back(&s);
+  }
   if (candidates.empty()) return;
   const auto start = std::chrono::steady_clock::now();
   ++step_;
+  // Chains before branches (the step's token budget goes to them first); among them, those
+  // the verifier waits for, then the least recently served.
   std::stable_sort(candidates.begin(), candidates.end(), [](const Session* a, const Session* b) {
-    return std::make_pair(a->sent_end >= 0, a->last_served) <
-           std::make_pair(b->sent_end >= 0, b->last_served);
+    return std::make_tuple(a->is_branch, a->sent_end >= 0, a->last_served) <
+           std::make_tuple(b->is_branch, b->sent_end >= 0, b->last_served);
   });
   std::vector<ArPlanned> planned = PlanAr(candidates);
   if (planned.empty()) {
@@ -691,7 +742,90 @@ void DraftEngine::Loop::ArStep() {
   for (Session* s : candidates) s->in_batch = false;
   AccountStep(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
               batch_tokens);
-  for (const ArPlanned& p : planned) MaybeEmit(*p.s);
+  std::vector<Session*> done_branches;
+  for (const ArPlanned& p : planned) {
+    Session& s = *p.s;
+    if (!s.is_branch) {
+      MaybeEmit(s);
+      continue;
+    }
+    // A branch goes out whole (γ drafts, as a chain's first message), then its KV is freed.
+    if (!NeedsWork(s)) {
+      SendBranch(s);
+      done_branches.push_back(&s);
+    }
+  }
+  for (Session* b : done_branches) {
+    if (b->resident) kv_.RemoveSequence(b->seq);
+    branches_.erase({b->stream, b->id, b->final_len - 1 - b->branch_from});
+  }
+}
+
+// Branch-ahead: each chain at its lookahead (a fully accepted step finds its next drafts) that
+// was not branched since its last Open/Advance gets branch sessions for its likeliest partial
+// acceptances (LikelyRejections): the accepted drafts and the runner-up at the first refused
+// one, drafted γ tokens on beside the other chains' drafting. Drafting them sooner measured
+// worse: the lookahead a full acceptance needs then came late.
+void DraftEngine::Loop::SpawnBranches() {
+  for (auto& [key, s] : sessions_) {
+    // Not under a grammar: a branch's correction is drafted without one.
+    if (s.branched || s.block_size > 0 || s.grammar != nullptr || NeedsWork(s) ||
+        s.chain_len() < s.gamma || s.alternatives.size() != s.tokens.size()) {
+      continue;
+    }
+    s.branched = true;
+    const std::span<const DraftAlternative> drafts =
+        std::span<const DraftAlternative>(s.alternatives).subspan(s.final_len);
+    for (int j : LikelyRejections(drafts, s.gamma, options_.branches)) {
+      const int at = s.final_len + j;  // the refused draft's index
+      Session& b = branches_[{s.stream, s.id, j}];
+      b.stream = s.stream;
+      b.id = s.id;
+      b.gamma = s.gamma;
+      b.is_branch = true;
+      b.branch_from = s.final_len;
+      b.tokens.assign(s.tokens.begin(), s.tokens.begin() + at);
+      b.tokens.push_back(s.alternatives[at].second);
+      b.final_len = static_cast<int>(b.tokens.size());
+    }
+  }
+}
+
+// Sends a branch to the verifier beside its parent's chain; the parent notes its path for hit
+// counting.
+void DraftEngine::Loop::SendBranch(Session& b) {
+  auto parent = sessions_.find({b.stream, b.id});
+  if (parent == sessions_.end() || parent->second.final_len != b.branch_from) return;
+  parent->second.branch_paths.emplace_back(b.tokens.begin() + b.branch_from,
+                                           b.tokens.begin() + b.final_len);
+  ++stats_.branches;
+  Send(b.stream,
+       DraftChain{.session = b.id,
+                  .from = b.branch_from,
+                  .tokens = std::vector<int32_t>(b.tokens.begin() + b.branch_from, b.tokens.end()),
+                  .branch = true});
+}
+
+void DraftEngine::Loop::DropBranches(uint64_t stream, uint64_t session) {
+  auto it = branches_.lower_bound({stream, session, 0});
+  while (it != branches_.end() && std::get<0>(it->first) == stream &&
+         std::get<1>(it->first) == session) {
+    if (it->second.resident) kv_.RemoveSequence(it->second.seq);
+    it = branches_.erase(it);
+  }
+}
+
+// An advance whose tokens took the path of a branch sent for this chain: the verifier had its
+// next drafts ready.
+void DraftEngine::Loop::CountBranchHit(Session& s, std::span<const int32_t> append) {
+  for (const std::vector<int32_t>& path : s.branch_paths) {
+    if (append.size() >= path.size() && std::equal(path.begin(), path.end(), append.begin())) {
+      ++stats_.branch_hits;
+      break;
+    }
+  }
+  s.branch_paths.clear();
+  s.branched = false;
 }
 
 // The sessions' extends within the step's token budget, each with its KV reserved. A session
@@ -784,7 +918,12 @@ void DraftEngine::Loop::CommitAr(const std::vector<ArPlanned>& planned,
     // then the mask rows' (while the context has room).
     for (int r = 0; r < static_cast<int>(p.outputs.size()) && CanExtend(s); ++r) {
       s.tokens.push_back(Greedy(s, Row(out[i], r), static_cast<int>(s.tokens.size())));
+      if (options_.branches > 0 && !s.is_branch) {
+        // The row Greedy chose from (masked by the grammar, if any).
+        s.alternatives.push_back(TopTwo(s.grammar != nullptr ? row_ : Row(out[i], r)));
+      }
       ++stats_.drafted_tokens;
+      if (s.is_branch) ++stats_.branch_tokens;
     }
   }
 }
@@ -838,6 +977,10 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(Transformer* mo
           "mask drafts need a model with a block-diffusion pathway (a <|mask|> token in its "
           "config), and no DFlash drafter");
     }
+  }
+  if (options.branches < 0 || options.branches > kMaxBranches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("branches must be 0..", kMaxBranches, " a chain, got ", options.branches));
   }
   if (options.max_sessions < 1) {
     return absl::InvalidArgumentError(

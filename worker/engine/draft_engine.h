@@ -53,6 +53,18 @@
 // the chain keeps growing ahead of the verifier k tokens a forward, optimistic on full
 // acceptance, and agreeing advances reuse its KV as in the greedy path.
 //
+// Branch-ahead (options.branches = B; greedy chains, not under a grammar): once a session's
+// chain reaches its lookahead (so that a fully accepted step finds its next drafts), the drafter
+// also drafts for the
+// likeliest partial acceptances, scored from its own probabilities (worker/engine/branch_ahead.h):
+// for each of the B likeliest, a branch session holding the session's tokens, the accepted
+// drafts and the drafter's runner-up at the first refused one, drafted γ greedy tokens on in the
+// same batched forwards (after every chain's own work). A branch goes to the verifier whole, as
+// a DraftChain.branch from the session's final length; the verifier keeps it beside the chain and
+// drafts from it when its tokens take that path. An Advance drops the session's branches (counting
+// a hit when its tokens took a sent branch's path); branches are the first to lose their KV under
+// pressure.
+//
 // Structured output: a session opened with a grammar (DraftSessionGrammar, compiled by the
 // caller) drafts its greedy chain under it: before each argmax the row is masked to what the
 // grammar allows after the session's generated tokens and chain, so the verifier's
@@ -117,7 +129,13 @@ struct DraftEngineOptions {
   // forward (see "Mask drafts" above; 2..kMaxMaskDrafts, and the model needs a <|mask|>
   // token). 0: one greedy token a forward.
   int mask_drafts = 0;
+  // > 0: branch-ahead (worker/engine/branch_ahead.h): once every chain is drafted to its
+  // lookahead, each chain gets up to this many branches, for its likeliest partial
+  // acceptances, each drafted γ tokens on and sent as a DraftChain.branch. 0..kMaxBranches.
+  int branches = 0;
 };
+
+inline constexpr int kMaxBranches = 8;
 
 inline constexpr int kMaxMaskDrafts = 64;
 
@@ -134,6 +152,9 @@ struct DraftEngineStats {
   int64_t evictions = 0;          // sessions whose KV was dropped to make room
   int64_t chains = 0;             // chain messages published
   int64_t hidden_rows = 0;        // token rows of target hidden states received (all sessions)
+  int64_t branches = 0;           // branch-ahead chains sent
+  int64_t branch_tokens = 0;      // tokens drafted in branches (sent or dropped)
+  int64_t branch_hits = 0;        // advances whose tokens took a sent branch's path
   double kv_usage_ratio = 0;
   int64_t kv_free_tokens = 0;
   PrefixCacheStats prefix_cache;

@@ -314,6 +314,7 @@ std::optional<Engine::Impl::Planned> Engine::Impl::PlanSequence(const SeqPtr& se
     p.draft_step = seq->spec && seq->step_gamma > 0 && seq->budget() >= 2 &&
                    static_cast<int>(seq->tokens.size()) < context_;
     if (seq->drafter != nullptr) seq->drafter->set_limit(seq->step_gamma);
+    p.from_branch = p.draft_step && seq->chain.UsableFromBranch(seq->tokens);
     p.plan = seq->mode->Plan(p.state);
     if (seq->adjust.active() || seq->top_logprobs >= 0) ReturnLogits(&p.plan);
     // A step that drafts nothing by design (simsd's completion steps) is no fallback.
@@ -502,6 +503,7 @@ std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, Ext
   if (p.draft_step) {
     ++s.usage.draft_steps;
     if (result->drafted > 0) ++(s.chain_waited ? s.usage.drafts_waited : s.usage.drafts_ready);
+    if (result->drafted > 0 && p.from_branch) ++s.usage.drafts_from_branch;
   }
   if (options_.observer != nullptr) {
     if (result->drafted > 0) {

@@ -118,6 +118,7 @@ struct SequenceUsage {
   int draft_steps = 0;
   int drafts_ready = 0;
   int drafts_waited = 0;
+  int drafts_from_branch = 0;  // of the steps that verified drafts, those from a branch-ahead chain
   int preemptions = 0;
   int cached_tokens = 0;     // prompt tokens whose KV came from the prefix cache (first admission)
   double queue_seconds = 0;  // submit -> first scheduled

@@ -147,9 +147,10 @@ class Engine::Impl {
   // One scheduled extend of this step.
   struct Planned {
     SeqPtr seq;
-    bool prefill = false;     // an engine-run prefill chunk: the mode is not involved
-    bool echo = false;        // a prefill chunk whose every row is an output (EchoSlice)
-    bool draft_step = false;  // a spec step that could verify drafts (for fallback metrics)
+    bool prefill = false;      // an engine-run prefill chunk: the mode is not involved
+    bool echo = false;         // a prefill chunk whose every row is an output (EchoSlice)
+    bool draft_step = false;   // a spec step that could verify drafts (for fallback metrics)
+    bool from_branch = false;  // its drafts come from a branch-ahead chain
     DecodeState state;
     StepPlan plan;
     // When the drafter gets hidden states from this extend: the mode's taps followed by the

@@ -25,6 +25,7 @@ class ChainCollector {
     absl::Status error;
     int messages = 0;
     int errors = 0;
+    int branches = 0;             // branch-ahead chains received
     std::vector<DraftChain> log;  // every message, in arrival order
   };
 
@@ -37,6 +38,10 @@ class ChainCollector {
       v.error = chain.error;
       ++v.errors;
       return;
+    }
+    if (chain.branch) {
+      ++v.branches;
+      return;  // beside the chain, never part of it (the log has it)
     }
     if (v.has_chain && chain.from == v.from + static_cast<int>(v.tokens.size())) {
       v.tokens.insert(v.tokens.end(), chain.tokens.begin(), chain.tokens.end());
@@ -81,6 +86,16 @@ class ChainCollector {
     mu_.AwaitWithTimeout(absl::Condition(&failed), timeout);
     if (!failed()) return absl::OkStatus();
     return views_[session].error;
+  }
+
+  // Waits until the session has received `n` branch chains; false on timeout.
+  bool WaitBranches(uint64_t session, int n, absl::Duration timeout = absl::Seconds(30)) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = views_.find(session);
+      return it != views_.end() && it->second.branches >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
   }
 
   View Get(uint64_t session) {
