@@ -4,112 +4,29 @@
 // random-weight transformers over a 12-token vocabulary (a different model, and the target
 // drafting for itself). The same check fails for two broken
 // verification rules, so it can fail.
+#include "tests/worker/decoding/spec_distribution.h"
+
 #include <cmath>
 #include <cstdio>
 #include <memory>
 
 #include "gtest/gtest.h"
 #include "tests/worker/decoding/tiny_models.h"
-#include "tests/worker/sampling/chi_square.h"
 #include "worker/decoding/ar.h"
 #include "worker/decoding/spec.h"
 
 namespace tandem {
 namespace {
 
-constexpr int kVocab = 12;
-constexpr int kContext = 64;
-constexpr int kTokens = 3;       // generated tokens whose joint distribution is tested
-constexpr int kRuns = 20000;     // seeded samples per case
-constexpr double kAlpha = 1e-4;  // false-alarm rate of one check
-// Categories expected fewer draws than this are pooled into one, as chi-square needs.
-constexpr double kMinExpected = 5.0;
-
-std::unique_ptr<Transformer> Model(uint64_t seed, float stddev) {
-  ModelConfig c = testing::TinyConfig(testing::TinyArch::kQwen2, kContext);
-  c.vocab_size = kVocab;
-  return Transformer::FromWeights(c, RandomWeights(c, seed, stddev));
-}
-
-const std::vector<int32_t>& Prompt() {
-  static const std::vector<int32_t> prompt = {3, 7, 1, 9, 4};
-  return prompt;
-}
-
-// The sampling distribution after `tokens`, from one forward over all of them.
-std::vector<float> NextDistribution(Transformer& model, std::span<const int32_t> tokens,
-                                    const SamplingParams& sampling) {
-  std::vector<float> probs;
-  SamplingDistribution(testing::NextLogits(model, tokens), sampling, &probs);
-  return probs;
-}
-
-// P(x_1 .. x_kTokens | prompt) under AR sampling, indexed by sum x_i kVocab^(kTokens - i).
-std::vector<double> ExactJoint(Transformer& target, const SamplingParams& sampling) {
-  std::vector<double> joint(1, 1.0);
-  std::vector<std::vector<int32_t>> prefixes(1);
-  for (int step = 0; step < kTokens; ++step) {
-    std::vector<double> next_joint;
-    std::vector<std::vector<int32_t>> next_prefixes;
-    for (size_t c = 0; c < prefixes.size(); ++c) {
-      std::vector<int32_t> tokens = Prompt();
-      tokens.insert(tokens.end(), prefixes[c].begin(), prefixes[c].end());
-      const std::vector<float> p = NextDistribution(target, tokens, sampling);
-      for (int x = 0; x < kVocab; ++x) {
-        next_joint.push_back(joint[c] * p[x]);
-        next_prefixes.push_back(prefixes[c]);
-        next_prefixes.back().push_back(x);
-      }
-    }
-    joint = std::move(next_joint);
-    prefixes = std::move(next_prefixes);
-  }
-  return joint;
-}
-
-struct Sampled {
-  std::vector<int64_t> counts;  // [kVocab^kTokens]
-  int64_t drafted = 0;
-  int64_t accepted = 0;
-};
-
-// kRuns runs of `mode` with seeds 0, 1, ...; one mode instance throughout, so the drafter's
-// cache carries over between runs as it would between requests.
-Sampled SampleJoint(Transformer& target, DecodingMode& mode, SamplingParams sampling) {
-  Sampled s;
-  s.counts.assign(static_cast<size_t>(std::pow(kVocab, kTokens)), 0);
-  KvCache kv(target.KvOptions(static_cast<int64_t>(Prompt().size()) + kTokens + 128));
-  for (int run = 0; run < kRuns; ++run) {
-    RunOptions options;
-    options.max_tokens = kTokens;
-    options.sampling = sampling;
-    options.sampling.seed = static_cast<uint64_t>(run);
-    absl::StatusOr<RunStats> got = RunSequence(target, kv, 1, mode, Prompt(), options);
-    EXPECT_TRUE(got.ok()) << got.status();
-    if (!got.ok() || got->tokens.size() != kTokens) return s;
-    size_t index = 0;
-    for (int32_t t : got->tokens) index = index * kVocab + static_cast<size_t>(t);
-    ++s.counts[index];
-    s.drafted += got->drafted;
-    s.accepted += got->accepted;
-  }
-  return s;
-}
-
-// Chi-square of the counts against `expected` with sparse categories pooled. True when the
-// counts fit (no impossible outcome, statistic below the critical value at kAlpha).
-bool Fits(const Sampled& s, const std::vector<double>& expected, const std::string& label) {
-  const testing::ChiSquareTest t =
-      testing::PooledChiSquareTest(s.counts, expected, kAlpha, kMinExpected);
-  std::printf(
-      "[ chi2     ] %s: statistic %.1f, dof %d, critical %.1f (p %.3g), impossible %lld, "
-      "%lld of %lld drafts accepted\n",
-      label.c_str(), t.result.statistic, t.result.dof, t.critical,
-      testing::ChiSquarePValue(t.result.statistic, t.result.dof),
-      static_cast<long long>(t.result.impossible), static_cast<long long>(s.accepted),
-      static_cast<long long>(s.drafted));
-  return t.fits;
-}
+using testing::spec_distribution::ExactJoint;
+using testing::spec_distribution::Fits;
+using testing::spec_distribution::kContext;
+using testing::spec_distribution::kTokens;
+using testing::spec_distribution::kVocab;
+using testing::spec_distribution::Model;
+using testing::spec_distribution::Sampled;
+using testing::spec_distribution::SampleJoint;
+using testing::spec_distribution::Temperature;
 
 // Verification with a deliberate bug, everything else as in SpecMode (its Plan drafts).
 enum class Bug {
@@ -183,13 +100,6 @@ struct Models {
 Models& Shared() {
   static Models* models = new Models();
   return *models;
-}
-
-SamplingParams Temperature(float t, int top_k = 0) {
-  SamplingParams s;
-  s.temperature = t;
-  s.top_k = top_k;
-  return s;
 }
 
 TEST(SpecDistributionTest, ArSamplingFitsTheExactDistribution) {
