@@ -143,6 +143,10 @@ def check_specific(docs, name, failures):
                                    for v in doc["spec"]["template"]["spec"]["volumes"]),
                            f"{name}: image-baked models still mount a volume")
         failures.check("PodMonitor" in kinds, f"{name}: no PodMonitor")
+    elif name == "self-spec-split":
+        args = args_of(drafter)
+        failures.check("--mask-drafts=8" in args and "--branches=2" in args,
+                       f"{name}: drafter args {args}")
     elif name == "one-gpu-per-pod":
         for doc in (verifier, drafter):
             failures.check(gpu_limits(doc).get("nvidia.com/gpu") == 1,
