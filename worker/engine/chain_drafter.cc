@@ -74,7 +74,7 @@ std::span<const int32_t> DraftChainBuffer::Usable(std::span<const int32_t> seq) 
   if (!enabled || !slots.empty()) return {};
   std::span<const int32_t> drafts = DraftsAfter(from, tokens, seq);
   if (!drafts.empty()) return drafts;
-  // The branch that gives the most drafts (a branch is sent again as it grows).
+  // Of the branches that agree (the drafter may send several), the one that goes furthest.
   for (const Branch& b : branches) {
     std::span<const int32_t> more = DraftsAfter(b.from, b.tokens, seq);
     if (more.size() > drafts.size()) drafts = more;
