@@ -268,8 +268,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, tandem::kMaxMaskDrafts))
       ->capture_default_str();
   app.add_option("--branches", engine_options.branches,
-                 "Branch-ahead drafting: once every chain is drafted ahead, draft up to this many "
-                 "alternative chains per session for its likeliest partial acceptances (the "
+                 "Branch-ahead drafting: once a session's chain reaches its lookahead, draft up to "
+                 "this many alternative chains for its likeliest partial acceptances (the "
                  "accepted drafts, the runner-up token at the first refused one, then gamma "
                  "more), so that a partially accepted step finds its next draft ready. 0 = off")
       ->envname("TANDEM_DRAFTER_BRANCHES")

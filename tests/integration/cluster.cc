@@ -98,6 +98,14 @@ absl::StatusOr<std::string> Cluster::StartExtraRouter(std::vector<std::string> e
   return address;
 }
 
+v1::GenerateRequest Greedy(const std::string& prompt, const std::string& mode, int max_tokens) {
+  v1::GenerateRequest request;
+  request.set_prompt(prompt);
+  request.set_mode(mode);
+  request.set_max_tokens(max_tokens);
+  return request;
+}
+
 StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
                       absl::Duration timeout,
                       const std::function<void(const v1::GenerateResponse&)>& on_message) {

@@ -80,6 +80,9 @@ struct StreamResult {
   v1::GenerateResponse last;  // the message with finish_reason
 };
 
+// A greedy request (no sampling settings) of `prompt` in `mode`.
+v1::GenerateRequest Greedy(const std::string& prompt, const std::string& mode, int max_tokens);
+
 // Calls Generate and reads the whole stream; `on_message` sees each message as it arrives.
 StreamResult Generate(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
                       absl::Duration timeout = absl::Seconds(300),

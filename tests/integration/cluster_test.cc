@@ -34,14 +34,6 @@ namespace {
 const std::vector<std::string> kPrompts = {"def fibonacci(n):", "import os\n",
                                            "class Stack:\n    def push(self, x):"};
 
-v1::GenerateRequest Greedy(const std::string& prompt, const std::string& mode, int max_tokens) {
-  v1::GenerateRequest request;
-  request.set_prompt(prompt);
-  request.set_mode(mode);
-  request.set_max_tokens(max_tokens);
-  return request;
-}
-
 // The in-process generator on the same model: what every greedy request must reproduce.
 class Reference {
  public:

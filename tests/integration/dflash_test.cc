@@ -11,14 +11,6 @@
 namespace tandem::testing {
 namespace {
 
-v1::GenerateRequest Greedy(const std::string& prompt, const std::string& mode) {
-  v1::GenerateRequest request;
-  request.set_prompt(prompt);
-  request.set_mode(mode);
-  request.set_max_tokens(48);
-  return request;
-}
-
 TEST(DFlashCluster, SpecWithTheDFlashDrafterEqualsArAndAcceptsDrafts) {
   ClusterOptions options;
   options.drafter_model_flags = {"--model",
@@ -32,9 +24,9 @@ TEST(DFlashCluster, SpecWithTheDFlashDrafterEqualsArAndAcceptsDrafts) {
   const std::vector<std::string> prompts = {"Once upon a time", "Once upon a time",
                                             "def fibonacci(n):", "The capital of France is"};
   for (const std::string& prompt : prompts) {
-    const StreamResult ar = Generate((*cluster)->generation(), Greedy(prompt, "ar"));
+    const StreamResult ar = Generate((*cluster)->generation(), Greedy(prompt, "ar", 48));
     ASSERT_TRUE(ar.status.ok()) << ar.status.error_message();
-    const StreamResult spec = Generate((*cluster)->generation(), Greedy(prompt, "spec"));
+    const StreamResult spec = Generate((*cluster)->generation(), Greedy(prompt, "spec", 48));
     ASSERT_TRUE(spec.status.ok()) << spec.status.error_message();
     EXPECT_EQ(spec.tokens, ar.tokens) << prompt;
     EXPECT_EQ(spec.last.mode(), "spec");

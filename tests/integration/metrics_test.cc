@@ -141,14 +141,6 @@ double Sum(const Scrape& scrape, const std::string& name,
   return sum;
 }
 
-v1::GenerateRequest Greedy(const std::string& prompt, const std::string& mode) {
-  v1::GenerateRequest request;
-  request.set_prompt(prompt);
-  request.set_mode(mode);
-  request.set_max_tokens(12);
-  return request;
-}
-
 TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
   const std::map<std::string, DocMetric> contract = ReadContract();
   ASSERT_GE(contract.size(), 20u) << "docs/METRICS.md has no metrics table";
@@ -169,7 +161,7 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
 
   for (const char* mode : {"ar", "spec"}) {
     for (const char* prompt : {"def fibonacci(n):", "import os\n"}) {
-      StreamResult result = Generate((*cluster)->generation(), Greedy(prompt, mode));
+      StreamResult result = Generate((*cluster)->generation(), Greedy(prompt, mode, 12));
       ASSERT_TRUE(result.status.ok()) << mode << ": " << result.status.error_message();
       ASSERT_FALSE(result.tokens.empty());
     }
@@ -181,15 +173,15 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
     long_prompt += "    total = total + values[" + std::to_string(i) + "]\n";
   int cached_tokens = 0;
   for (int i = 0; i < 2; ++i) {
-    StreamResult result = Generate((*cluster)->generation(), Greedy(long_prompt, "ar"));
+    StreamResult result = Generate((*cluster)->generation(), Greedy(long_prompt, "ar", 12));
     ASSERT_TRUE(result.status.ok()) << result.status.error_message();
     cached_tokens = result.last.usage().cached_tokens();
   }
   EXPECT_GE(cached_tokens, 32);
   // "auto": the router's mode policy picks the mode from the verifier's calibrated cost model.
-  StreamResult automatic = Generate((*cluster)->generation(), Greedy("def main():", "auto"));
+  StreamResult automatic = Generate((*cluster)->generation(), Greedy("def main():", "auto", 12));
   ASSERT_TRUE(automatic.status.ok()) << automatic.status.error_message();
-  StreamResult rejected = Generate((*cluster)->generation(), Greedy("x", "no-such-mode"));
+  StreamResult rejected = Generate((*cluster)->generation(), Greedy("x", "no-such-mode", 12));
   ASSERT_EQ(rejected.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
   std::map<std::string, Scrape> scrapes;

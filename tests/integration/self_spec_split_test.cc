@@ -13,14 +13,6 @@
 namespace tandem::testing {
 namespace {
 
-v1::GenerateRequest Greedy(const std::string& prompt, const std::string& mode) {
-  v1::GenerateRequest request;
-  request.set_prompt(prompt);
-  request.set_mode(mode);
-  request.set_max_tokens(48);
-  return request;
-}
-
 TEST(SelfSpecSplitCluster, SpecWithTheTargetAsMaskDrafterEqualsArInFewerForwards) {
   ClusterOptions options;
   options.drafter_model_flags = {"--model", TargetModelDir(), "--mask-drafts", "8"};
@@ -31,11 +23,11 @@ TEST(SelfSpecSplitCluster, SpecWithTheTargetAsMaskDrafterEqualsArInFewerForwards
   const std::vector<std::string> prompts = {"Once upon a time",
                                             "def fibonacci(n):", "The capital of France is"};
   for (const std::string& prompt : prompts) {
-    const StreamResult ar = Generate((*cluster)->generation(), Greedy(prompt, "ar"));
+    const StreamResult ar = Generate((*cluster)->generation(), Greedy(prompt, "ar", 48));
     ASSERT_TRUE(ar.status.ok()) << ar.status.error_message();
-    const StreamResult split = Generate((*cluster)->generation(), Greedy(prompt, "spec"));
+    const StreamResult split = Generate((*cluster)->generation(), Greedy(prompt, "spec", 48));
     ASSERT_TRUE(split.status.ok()) << split.status.error_message();
-    const StreamResult local = Generate((*cluster)->generation(), Greedy(prompt, "self_spec"));
+    const StreamResult local = Generate((*cluster)->generation(), Greedy(prompt, "self_spec", 48));
     ASSERT_TRUE(local.status.ok()) << local.status.error_message();
     EXPECT_EQ(split.tokens, ar.tokens) << prompt;
     EXPECT_EQ(local.tokens, ar.tokens) << prompt;

@@ -20,7 +20,7 @@ void DraftChainBuffer::Merge(DraftChain chain, std::span<const int32_t> sequence
   });
   if (chain.branch) {
     if (!chain.slots.empty() || chain.tokens.empty()) return;  // malformed
-    if (branches.size() == kMaxBranches) branches.erase(branches.begin());
+    if (branches.size() == kMaxKeptBranches) branches.erase(branches.begin());
     branches.push_back(Branch{.from = chain.from, .tokens = std::move(chain.tokens)});
     return;
   }

@@ -21,7 +21,7 @@ namespace tandem {
 // in the drafter's decoding order.
 struct DraftChainBuffer {
   // Branch-ahead chains kept at once (the newest); more is a drafter's bug or a flood.
-  static constexpr size_t kMaxBranches = 8;
+  static constexpr size_t kMaxKeptBranches = 8;
   struct Branch {
     int from = 0;
     std::vector<int32_t> tokens;

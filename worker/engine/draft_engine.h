@@ -129,9 +129,9 @@ struct DraftEngineOptions {
   // forward (see "Mask drafts" above; 2..kMaxMaskDrafts, and the model needs a <|mask|>
   // token). 0: one greedy token a forward.
   int mask_drafts = 0;
-  // > 0: branch-ahead (worker/engine/branch_ahead.h): once every chain is drafted to its
-  // lookahead, each chain gets up to this many branches, for its likeliest partial
-  // acceptances, each drafted γ tokens on and sent as a DraftChain.branch. 0..kMaxBranches.
+  // > 0: branch-ahead (see "Branch-ahead" above): once a session's chain reaches its lookahead,
+  // it gets up to this many branches, for its likeliest partial acceptances, each drafted γ
+  // tokens on and sent as a DraftChain.branch. 0..kMaxBranches.
   int branches = 0;
 };
 

@@ -4,7 +4,6 @@
 // their hits, and through a drafter service a verifier's `spec` that stays exact with them.
 #include "worker/engine/branch_ahead.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -14,13 +13,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "services/common/server.h"
-#include "services/drafter/drafter_service.h"
-#include "services/verifier/grpc_draft_channel.h"
 #include "tests/services/drafter/chain_collector.h"
+#include "tests/services/drafter/loopback_spec.h"
 #include "tests/worker/decoding/tiny_models.h"
 #include "tests/worker/engine/bundled_model_test.h"
-#include "tests/worker/engine/collecting_sink.h"
 #include "worker/decoding/drafter.h"
 #include "worker/engine/chain_drafter.h"
 #include "worker/engine/draft_engine.h"
@@ -149,26 +145,17 @@ TEST_F(BranchAheadServiceTest, SpecWithBranchesEqualsArAndDraftsFromThem) {
   ASSERT_TRUE(drafter.ok()) << drafter.status();
   auto draft_engine = DraftEngine::Create(drafter->model.get(), {.branches = 2});
   ASSERT_TRUE(draft_engine.ok()) << draft_engine.status();
-  DrafterService service(draft_engine->get(), {.model_id = "tandem-drafter"});
-  auto server = StartServer({.listen = "127.0.0.1:0"}, {&service});
-  ASSERT_TRUE(server.ok()) << server.status();
   {
-    EngineOptions options;
-    options.default_drafter = server->address;
-    options.draft_timeout = absl::Seconds(10);
-    auto engine = Engine::Create(model_, options, MakeGrpcDraftChannelFactory({}));
-    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto loopback = testing::LoopbackSpec::Create(model_, draft_engine->get(), "tandem-drafter",
+                                                  {.draft_timeout = absl::Seconds(10)});
+    ASSERT_TRUE(loopback.ok()) << loopback.status();
     auto run = [&](int prompt, const std::string& mode) {
       SequenceRequest r;
       r.prompt_ids = (*prompts_)[prompt];
       r.mode = mode;
       r.mode_options.spec_gamma = 4;
       r.max_tokens = 48;
-      auto sink = std::make_shared<testing::CollectingSink>();
-      EXPECT_TRUE((*engine)->Submit(std::move(r), sink).ok());
-      EXPECT_TRUE(sink->Wait());
-      EXPECT_TRUE(sink->error().ok()) << sink->error();
-      return sink;
+      return (*loopback)->Run(std::move(r));
     };
     int from_branch = 0, steps = 0;
     for (int p = 0; p < 6; ++p) {
@@ -188,8 +175,6 @@ TEST_F(BranchAheadServiceTest, SpecWithBranchesEqualsArAndDraftsFromThem) {
     // matter of timing; that they are drafted is not.
     EXPECT_GT(stats.branch_tokens, 0);
   }
-  server->server->Shutdown(std::chrono::system_clock::now());
-  server->server->Wait();
 }
 
 }  // namespace

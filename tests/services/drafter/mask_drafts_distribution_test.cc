@@ -23,6 +23,7 @@ using testing::spec_distribution::ExactJoint;
 using testing::spec_distribution::Fits;
 using testing::spec_distribution::kContext;
 using testing::spec_distribution::kVocab;
+using testing::spec_distribution::Model;
 using testing::spec_distribution::Sampled;
 using testing::spec_distribution::SampleJoint;
 using testing::spec_distribution::Temperature;
@@ -55,10 +56,7 @@ class DraftEngineDrafter final : public Drafter {
 };
 
 TEST(MaskDraftsDistributionTest, SplitSelfSpecSamplesTheTargetsDistribution) {
-  ModelConfig c = testing::TinyConfig(testing::TinyArch::kQwen2, kContext);
-  c.vocab_size = kVocab;
-  c.diffusion.mask_token_id = kVocab - 1;
-  std::unique_ptr<Transformer> target = Transformer::FromWeights(c, RandomWeights(c, 101, 0.25f));
+  std::unique_ptr<Transformer> target = Model(101, 0.25f, kVocab - 1);
   auto engine = DraftEngine::Create(target.get(), {.kv_tokens = 4096, .mask_drafts = 3});
   ASSERT_TRUE(engine.ok()) << engine.status();
   const SamplingParams sampling = Temperature(1.0f);

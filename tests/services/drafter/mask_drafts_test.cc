@@ -2,20 +2,15 @@
 // tri-mode target drafts k tokens a forward in `self_spec`'s layout (the last token's AR row,
 // then masks 2..k), keeps drafting ahead on its own drafts, and through a drafter service a
 // verifier's `spec` over it reproduces AR exactly, at a TPF set beside in-process `self_spec`.
-#include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "services/common/server.h"
-#include "services/drafter/drafter_service.h"
-#include "services/verifier/grpc_draft_channel.h"
 #include "tests/services/drafter/chain_collector.h"
+#include "tests/services/drafter/loopback_spec.h"
 #include "tests/worker/engine/bundled_model_test.h"
-#include "tests/worker/engine/collecting_sink.h"
 #include "worker/decoding/self_spec.h"
 #include "worker/engine/draft_engine.h"
 #include "worker/engine/engine.h"
@@ -25,7 +20,6 @@ namespace tandem {
 namespace {
 
 using testing::ChainCollector;
-using testing::CollectingSink;
 
 constexpr int kMasks = 4;
 
@@ -108,15 +102,10 @@ TEST_F(MaskDraftsTest, BadOptionsAreRefused) {
 TEST_F(MaskDraftsTest, SpecOverASelfSpecDrafterServiceEqualsArThroughGrpc) {
   auto draft_engine = DraftEngine::Create(&target(), {.mask_drafts = kMasks});
   ASSERT_TRUE(draft_engine.ok()) << draft_engine.status();
-  DrafterService service(draft_engine->get(), {.model_id = "tandem-target"});
-  auto server = StartServer({.listen = "127.0.0.1:0"}, {&service});
-  ASSERT_TRUE(server.ok()) << server.status();
   {
-    EngineOptions options;
-    options.default_drafter = server->address;
-    options.draft_timeout = absl::Seconds(10);
-    auto engine = Engine::Create(model_, options, MakeGrpcDraftChannelFactory({}));
-    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto loopback = testing::LoopbackSpec::Create(model_, draft_engine->get(), "tandem-target",
+                                                  {.draft_timeout = absl::Seconds(10)});
+    ASSERT_TRUE(loopback.ok()) << loopback.status();
     auto run = [&](int prompt, const std::string& mode) {
       SequenceRequest r;
       r.prompt_ids = (*prompts_)[prompt];
@@ -124,11 +113,7 @@ TEST_F(MaskDraftsTest, SpecOverASelfSpecDrafterServiceEqualsArThroughGrpc) {
       r.mode_options.spec_gamma = kMasks;
       r.mode_options.self_spec_draft_len = kMasks;
       r.max_tokens = 48;
-      auto sink = std::make_shared<CollectingSink>();
-      EXPECT_TRUE((*engine)->Submit(std::move(r), sink).ok());
-      EXPECT_TRUE(sink->Wait());
-      EXPECT_TRUE(sink->error().ok()) << sink->error();
-      return sink;
+      return (*loopback)->Run(std::move(r));
     };
     int split_tokens = 0, split_forwards = 0, local_tokens = 0, local_forwards = 0;
     for (int p = 0; p < 4; ++p) {
@@ -152,8 +137,6 @@ TEST_F(MaskDraftsTest, SpecOverASelfSpecDrafterServiceEqualsArThroughGrpc) {
     // self_spec, whose cycles pay a draft forward too.
     EXPECT_GT(split_tokens * local_forwards, local_tokens * split_forwards);
   }
-  server->server->Shutdown(std::chrono::system_clock::now());
-  server->server->Wait();
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 // (three tapped layers, a 256-token prefill chunk: 6 MiB of bf16 rows in one step, past gRPC's
 // default 4 MiB message limit) behind a drafter service on loopback gRPC, over in-stream bytes.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -11,10 +10,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "services/common/server.h"
-#include "services/drafter/drafter_service.h"
 #include "services/verifier/grpc_draft_channel.h"
-#include "tests/worker/engine/collecting_sink.h"
+#include "tests/services/drafter/loopback_spec.h"
 #include "worker/engine/draft_engine.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/local_generator.h"
@@ -118,20 +115,15 @@ TEST(RealSizeHiddenStates, SpecThroughADrafterServiceAt4096WideEqualsAr) {
   draft_options.dflash = models->dflash.get();
   auto draft_engine = DraftEngine::Create(models->target.model.get(), draft_options);
   ASSERT_TRUE(draft_engine.ok()) << draft_engine.status();
-  DrafterService service(draft_engine->get(), {.model_id = "real-width-dflash"});
-  // The drafter's own server settings: gRPC's default receive limit.
-  auto server = StartServer({.listen = "127.0.0.1:0"}, {&service});
-  ASSERT_TRUE(server.ok()) << server.status();
   std::mt19937 rng(3);
   std::vector<int32_t> prompt(300);
   for (int32_t& t : prompt) t = static_cast<int32_t>(10 + rng() % 4000);
   {
-    EngineOptions options;
-    options.default_drafter = server->address;
-    options.draft_timeout = absl::Seconds(30);
-    options.prefill_chunk = 256;
-    auto engine = Engine::Create(&models->target, options, MakeGrpcDraftChannelFactory({}));
-    ASSERT_TRUE(engine.ok()) << engine.status();
+    // The drafter's server keeps gRPC's default receive limit, as tandem-drafter does.
+    auto loopback =
+        testing::LoopbackSpec::Create(&models->target, draft_engine->get(), "real-width-dflash",
+                                      {.prefill_chunk = 256, .draft_timeout = absl::Seconds(30)});
+    ASSERT_TRUE(loopback.ok()) << loopback.status();
     auto run = [&](const std::string& mode, int max_tokens = 6) {
       SequenceRequest r;
       r.prompt_ids = prompt;
@@ -139,11 +131,7 @@ TEST(RealSizeHiddenStates, SpecThroughADrafterServiceAt4096WideEqualsAr) {
       r.mode_options.spec_gamma = 3;
       r.max_tokens = max_tokens;
       r.ignore_eos = true;
-      auto sink = std::make_shared<testing::CollectingSink>();
-      EXPECT_TRUE((*engine)->Submit(std::move(r), sink).ok());
-      EXPECT_TRUE(sink->Wait());
-      EXPECT_TRUE(sink->error().ok()) << sink->error();
-      return sink;
+      return (*loopback)->Run(std::move(r));
     };
     // The first request makes the channel; its GetInfo answer (the layers) may come after the
     // session opened, which then gets no rows and no drafts: one token, which waits for none.
@@ -162,8 +150,6 @@ TEST(RealSizeHiddenStates, SpecThroughADrafterServiceAt4096WideEqualsAr) {
     EXPECT_GE(stats.hidden_rows, static_cast<int64_t>(prompt.size()));
     EXPECT_GT(spec->usage().drafted, 0);
   }
-  server->server->Shutdown(std::chrono::system_clock::now());
-  server->server->Wait();
 }
 
 }  // namespace

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/worker/decoding/spec_distribution.h"
 #include "tests/worker/decoding/tiny_models.h"
-#include "tests/worker/sampling/chi_square.h"
 #include "worker/decoding/ar.h"
 #include "worker/decoding/modes.h"
 
@@ -257,57 +257,23 @@ TEST(IsdOptionsTest, CreateModeNeedsAMaskToken) {
 // ---------------------------------------------------------------------------------------------
 // Distribution on a random-weight transformer.
 
-constexpr int kVocab = 12;
-constexpr int32_t kMask = kVocab - 1;
-constexpr int kContext = 64;
-constexpr int kTokens = 3;    // generated tokens whose joint distribution is tested
-constexpr int kRuns = 20000;  // seeded samples per case
-constexpr double kAlpha = 1e-4;
-constexpr double kMinExpected = 5.0;
+using testing::spec_distribution::ExactJoint;
+using testing::spec_distribution::Fits;
+using testing::spec_distribution::kContext;
+using testing::spec_distribution::kRuns;
+using testing::spec_distribution::kTokens;
+using testing::spec_distribution::kVocab;
+using testing::spec_distribution::Model;
+using testing::spec_distribution::Prompt;
+using testing::spec_distribution::Sampled;
+using testing::spec_distribution::Temperature;
 
-const std::vector<int32_t>& Prompt() {
-  static const std::vector<int32_t> prompt = {3, 7, 1, 9, 4};
-  return prompt;
-}
+constexpr int32_t kMask = kVocab - 1;
 
 Transformer& Target() {
-  static Transformer* model = [] {
-    ModelConfig c = testing::TinyConfig(testing::TinyArch::kQwen2, kContext);
-    c.vocab_size = kVocab;
-    return Transformer::FromWeights(c, RandomWeights(c, 101, 0.25f)).release();
-  }();
+  static Transformer* model = Model(101, 0.25f).release();
   return *model;
 }
-
-// P(x_1 .. x_kTokens | prompt) under AR sampling, by enumerating every prefix.
-std::vector<double> ExactJoint(const SamplingParams& sampling) {
-  std::vector<double> joint(1, 1.0);
-  std::vector<std::vector<int32_t>> prefixes(1);
-  for (int step = 0; step < kTokens; ++step) {
-    std::vector<double> next_joint;
-    std::vector<std::vector<int32_t>> next_prefixes;
-    for (size_t c = 0; c < prefixes.size(); ++c) {
-      std::vector<int32_t> tokens = Prompt();
-      tokens.insert(tokens.end(), prefixes[c].begin(), prefixes[c].end());
-      std::vector<float> p;
-      SamplingDistribution(testing::NextLogits(Target(), tokens), sampling, &p);
-      for (int x = 0; x < kVocab; ++x) {
-        next_joint.push_back(joint[c] * p[x]);
-        next_prefixes.push_back(prefixes[c]);
-        next_prefixes.back().push_back(x);
-      }
-    }
-    joint = std::move(next_joint);
-    prefixes = std::move(next_prefixes);
-  }
-  return joint;
-}
-
-struct Sampled {
-  std::vector<int64_t> counts;
-  int64_t drafted = 0;
-  int64_t accepted = 0;
-};
 
 // kRuns seeded runs of max_tokens kTokens + 1 (so a stride-3 step verifies two drafts inside
 // the tested window); the first kTokens tokens are counted.
@@ -334,26 +300,6 @@ Sampled SampleJoint(const IsdOptions& options, const SamplingParams& sampling,
   return s;
 }
 
-bool Fits(const Sampled& s, const std::vector<double>& expected, const std::string& label) {
-  const testing::ChiSquareTest t =
-      testing::PooledChiSquareTest(s.counts, expected, kAlpha, kMinExpected);
-  std::printf(
-      "[ chi2     ] %s: statistic %.1f, dof %d, critical %.1f (p %.3g), impossible %lld, "
-      "%lld of %lld drafts accepted\n",
-      label.c_str(), t.result.statistic, t.result.dof, t.critical,
-      testing::ChiSquarePValue(t.result.statistic, t.result.dof),
-      static_cast<long long>(t.result.impossible), static_cast<long long>(s.accepted),
-      static_cast<long long>(s.drafted));
-  return t.fits;
-}
-
-SamplingParams Temperature(float t, int top_k = 0) {
-  SamplingParams s;
-  s.temperature = t;
-  s.top_k = top_k;
-  return s;
-}
-
 TEST(IsdDistributionTest, ExactAcceptanceMatchesAr) {
   struct Case {
     std::string label;
@@ -371,7 +317,7 @@ TEST(IsdDistributionTest, ExactAcceptanceMatchesAr) {
   };
   for (const Case& c : cases) {
     const Sampled s = SampleJoint(c.options, c.sampling);
-    EXPECT_TRUE(Fits(s, ExactJoint(c.sampling), c.label)) << c.label;
+    EXPECT_TRUE(Fits(s, ExactJoint(Target(), c.sampling), c.label)) << c.label;
     // Both branches ran thousands of times.
     EXPECT_GT(s.accepted, 1000) << c.label;
     EXPECT_GT(s.drafted - s.accepted, 1000) << c.label;
@@ -390,7 +336,7 @@ TEST(IsdDistributionTest, LoraOnMaskRowsKeepsTheArDistribution) {
   IsdOptions lora = plain;
   lora.lora_masks = true;
   const Sampled with = SampleJoint(lora, sampling, *adapted);
-  EXPECT_TRUE(Fits(with, ExactJoint(sampling), "isd N=3 + LoRA on masks, sampled, T 1"));
+  EXPECT_TRUE(Fits(with, ExactJoint(Target(), sampling), "isd N=3 + LoRA on masks, sampled, T 1"));
   EXPECT_GT(with.accepted, 1000);
   EXPECT_GT(with.drafted - with.accepted, 1000);
   // Not vacuous: without the gate the same model proposes (and accepts) differently.
@@ -414,7 +360,7 @@ int32_t ResampleFromP(std::span<const float> p, std::span<const float> q, int32_
 
 TEST(IsdDistributionTest, BrokenAndRelaxedAcceptanceFailTheSameCheck) {
   const SamplingParams sampling = Temperature(1.0f);
-  const std::vector<double> exact = ExactJoint(sampling);
+  const std::vector<double> exact = ExactJoint(Target(), sampling);
   struct Case {
     std::string label;
     IsdOptions options;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,9 +28,13 @@ inline constexpr double kAlpha = 1e-4;  // false-alarm rate of one check
 // Categories expected fewer draws than this are pooled into one, as chi-square needs.
 inline constexpr double kMinExpected = 5.0;
 
-inline std::unique_ptr<Transformer> Model(uint64_t seed, float stddev) {
+// A random-weight target over kVocab tokens; with `mask_token`, one whose config names that id
+// as <|mask|> (a block-diffusion pathway, for the modes that draft with masks).
+inline std::unique_ptr<Transformer> Model(uint64_t seed, float stddev,
+                                          std::optional<int32_t> mask_token = std::nullopt) {
   ModelConfig c = TinyConfig(testing::TinyArch::kQwen2, kContext);
   c.vocab_size = kVocab;
+  c.diffusion.mask_token_id = mask_token;
   return Transformer::FromWeights(c, RandomWeights(c, seed, stddev));
 }
 
