@@ -70,14 +70,27 @@ class HiddenTransportServiceTest : public ::testing::Test {
     }
   }
 
+  // tandem_hidden_transport_streams_total{transport}.
   static double Count(const ServiceMetrics& metrics, const std::string& transport) {
+    return Counter(metrics, "tandem_hidden_transport_streams_total", "transport", transport);
+  }
+
+  // The value of `family`{label=value} in the metrics' text (-1 when absent).
+  static double Counter(const ServiceMetrics& metrics, const std::string& family,
+                        const std::string& label, const std::string& value) {
     const std::string text = metrics.TextFormat();
-    const std::string key = absl::StrCat("tandem_hidden_transport_streams_total{service=\"",
-                                         std::string(MetricsRoleName(metrics.role())),
-                                         "\",transport=\"", transport, "\"} ");
+    // The service label (a constant one) comes first.
+    const std::string key =
+        absl::StrCat(family, "{service=\"", std::string(MetricsRoleName(metrics.role())), "\",",
+                     label, "=\"", value, "\"} ");
     const size_t at = text.find(key);
     if (at == std::string::npos) return -1;
     return std::stod(text.substr(at + key.size()));
+  }
+
+  // tandem_draft_stream_breaks_total{reason} of the verifier's side.
+  double Breaks(const std::string& reason) const {
+    return Counter(verifier_metrics_, "tandem_draft_stream_breaks_total", "reason", reason);
   }
 
   bool WaitForRows(int64_t rows) {
@@ -113,6 +126,8 @@ TEST_F(HiddenTransportServiceTest, RequiredNcclAgainstADrafterThatCannotFailsThe
   EXPECT_FALSE(drafter_->healthy());
   EXPECT_EQ(Count(verifier_metrics_, "failed"), 1);
   EXPECT_EQ(Count(verifier_metrics_, "bytes"), 0);
+  EXPECT_EQ(Breaks("hidden_transport"), 1);
+  EXPECT_EQ(Breaks("ended"), 0);
   const absl::Status refused = drafter_->Open(1, std::vector<int32_t>{1, 2, 3}, 2);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.message(), HasSubstr("the verifier runs --hidden-transport nccl"));
@@ -142,6 +157,16 @@ TEST_F(HiddenTransportServiceTest, AutoAgainstADrafterWithoutNcclSendsBytes) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_EQ(Count(drafter_metrics_, "bytes"), 1);
+  // A drafter that goes away breaks the stream, counted once with its reason.
+  EXPECT_EQ(Breaks("ended"), 0);
+  server_.server->Shutdown(std::chrono::system_clock::now());
+  server_.server->Wait();
+  server_.server.reset();
+  const absl::Time gone = absl::Now() + absl::Seconds(10);
+  while (drafter_->healthy() && absl::Now() < gone) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_FALSE(drafter_->healthy());
+  EXPECT_EQ(Breaks("ended"), 1);
+  EXPECT_EQ(Breaks("hidden_transport"), 0);
 }
 
 // The drafter's side of the protocol, on a raw stream: an NCCL setup it cannot honour is
