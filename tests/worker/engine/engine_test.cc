@@ -784,7 +784,12 @@ class CountingObserver final : public EngineObserver {
     absl::MutexLock lock(&mu_);
     drafted_[std::string(mode)] += drafted;
     accepted_[std::string(mode)] += accepted;
+    ++verified_steps_[std::string(mode)];
     if (accepted > drafted || accepted < 0) ++bad_counts_;
+  }
+  void OnChainArrival(bool /*waited*/) override {
+    absl::MutexLock lock(&mu_);
+    ++chain_arrivals_;
   }
   void OnFallback(std::string_view reason) override {
     absl::MutexLock lock(&mu_);
@@ -798,6 +803,8 @@ class CountingObserver final : public EngineObserver {
   std::map<std::string, int> drafted_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> accepted_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> fallbacks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> verified_steps_ ABSL_GUARDED_BY(mu_);
+  int chain_arrivals_ ABSL_GUARDED_BY(mu_) = 0;  // spec steps whose drafts came from a chain
   int bad_counts_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -823,6 +830,8 @@ TEST_F(EngineTest, ObserverSeesStepsDraftsAndFallbacks) {
     EXPECT_GT(observer.accepted_["spec"], 0);
     EXPECT_GT(observer.drafted_["jacobi"], 0);
     EXPECT_EQ(observer.drafted_.count("ar"), 0u);
+    // Every spec step that verified drafts had a chain, ready or waited for; jacobi has none.
+    EXPECT_EQ(observer.chain_arrivals_, observer.verified_steps_["spec"]);
     EXPECT_EQ(observer.bad_counts_, 0);
     EXPECT_TRUE(observer.fallbacks_.empty());
   }
