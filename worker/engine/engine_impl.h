@@ -186,6 +186,7 @@ class Engine::Impl {
   // stalls no one and lasts until a chain is due.
   std::vector<SeqPtr> WaitForChains(const std::vector<SeqPtr>& candidates);
   // When `seq`'s missing chain is due, if it waits for one now (none when it steps without).
+  // A broken channel turns the sequence's drafting off here.
   std::optional<absl::Time> ChainDue(EngineSequence& seq, absl::Time now);
   // The step and its stages, in order (engine.cc).
   void Step(const std::vector<SeqPtr>& candidates);
