@@ -7,6 +7,7 @@
 #include "services/cli/bench_modes.h"
 #include "services/cli/bench_prefix.h"
 #include "services/cli/bench_serve.h"
+#include "services/cli/bench_sol.h"
 #include "services/cli/commands.h"
 #include "worker/decoding/modes.h"
 
@@ -136,6 +137,47 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                    "With --device cuda: replay decode steps as CUDA graphs")
       ->capture_default_str();
   modes_cmd->callback([modes, exit_code] { *exit_code = RunBenchModes(*modes); });
+
+  auto sol = std::make_shared<BenchSolArgs>();
+  CLI::App* sol_cmd = bench->add_subcommand(
+      "sol",
+      "Speed-of-light analysis of a model's diffusion pathway on held-out prompts (NLD §4): per "
+      "block length, the tokens per forward that greedy acceptance and recursive dynamic "
+      "compaction reach for the serial-denoising target of each block, beside the diffusion "
+      "mode's confidence threshold and its agreement with that target");
+  sol_cmd->add_option("--model", sol->model_dir,
+                      "Model directory with a block-diffusion pathway; default: the bundled "
+                      "target");
+  sol_cmd->add_option("--prompts-file", sol->prompts_file,
+                      "Prompt sets; default: <model>/fixtures/bench_prompts.json");
+  sol_cmd->add_option("--blocks", sol->block_sizes, "Comma-separated block lengths")
+      ->delimiter(',')
+      ->capture_default_str();
+  sol_cmd
+      ->add_option("--thresholds", sol->thresholds,
+                   "Comma-separated confidence thresholds of the diffusion mode's rule")
+      ->delimiter(',')
+      ->capture_default_str();
+  sol_cmd
+      ->add_option("--sampler-thresholds", sol->sampler_thresholds,
+                   "Comma-separated thresholds of the trained sampler's rule (models with a "
+                   "sampler/ folder)")
+      ->delimiter(',')
+      ->capture_default_str();
+  sol_cmd->add_option("--max-tokens", sol->max_tokens, "New tokens per prompt (whole blocks)")
+      ->capture_default_str();
+  sol_cmd->add_option("--prompts", sol->prompts, "Prompts per category; 0 = all")
+      ->capture_default_str();
+  sol_cmd->add_option("--depth", sol->depth, "Compaction recursion depth (1 = greedy checks)")
+      ->capture_default_str();
+  sol_cmd->add_option("--probes", sol->probes, "Compaction safety-check forwards per block")
+      ->capture_default_str();
+  sol_cmd->add_flag("--json", sol->json, "Print JSON instead of a table");
+  sol_cmd->add_option("--threads", sol->threads, "CPU threads; 0 = all cores");
+  sol_cmd->add_option("--device", sol->device, "Where the model runs: cpu (fp32) or cuda (bf16)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  sol_cmd->callback([sol, exit_code] { *exit_code = RunBenchSol(*sol); });
 
   auto serve = std::make_shared<BenchServeArgs>();
   CLI::App* serve_cmd = bench->add_subcommand(

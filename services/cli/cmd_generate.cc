@@ -302,6 +302,11 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "diffusion: unmask slots whose top-1 probability reaches this (0 = whole "
                   "block per forward)")
       ->capture_default_str();
+  cmd->add_option("--diffusion-sampler", args->mode_options.diffusion_sampler,
+                  "diffusion: unmask by the model's trained sampler (its sampler/ folder): slots "
+                  "whose probability of being final reaches this; 0 = by --diffusion-threshold")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
   cmd->add_option("--nsp-block", args->mode_options.nsp_block,
                   "nsp: tokens predicted per step (D); 0 = the model's block size")
       ->capture_default_str();

@@ -42,6 +42,7 @@ struct Flags {
   int max_queued = 1024;
   int draft_timeout_ms = 50;
   int spec_gamma = 4;
+  float diffusion_sampler = 0.0f;  // > 0: diffusion unmasks by the model's trained sampler
   bool adaptive_gamma = true;
   bool prefix_cache = true;
   tandem::HiddenTransportMode hidden_transport = tandem::HiddenTransportMode::kAuto;
@@ -84,6 +85,11 @@ int Run(Flags flags) {
   absl::StatusOr<tandem::LoadedModel> model = tandem::LoadModelDir(flags.model, *device);
   if (!model.ok()) {
     std::cerr << "tandem-verifier: cannot load the model: " << model.status().message() << "\n";
+    return 1;
+  }
+  if (flags.diffusion_sampler > 0.0f && model->sampler == nullptr) {
+    std::cerr << "tandem-verifier: --diffusion-sampler needs the model's trained sampler, but "
+              << flags.model << " has no sampler/ folder\n";
     return 1;
   }
   if (!flags.lora.empty()) {
@@ -152,6 +158,7 @@ int Run(Flags flags) {
   }
   tandem::ModeOptions mode_defaults;
   mode_defaults.spec_gamma = flags.spec_gamma;
+  mode_defaults.diffusion_sampler = flags.diffusion_sampler;
   mode_defaults.lora_drafts = !flags.lora.empty();
   tandem::VerifierService service(engine->get(), identity, mode_defaults, &metrics,
                                   absl::Seconds(flags.watchdog_seconds),
@@ -298,6 +305,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--spec-gamma", flags.spec_gamma, "default draft tokens per spec step")
       ->envname("TANDEM_VERIFIER_SPEC_GAMMA")
+      ->capture_default_str();
+  app.add_option("--diffusion-sampler", flags.diffusion_sampler,
+                 "diffusion requests unmask by the model's trained sampler (its sampler/ "
+                 "folder): slots whose probability of being final reaches this, in (0, 1]; 0 = "
+                 "by the confidence threshold")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->envname("TANDEM_VERIFIER_DIFFUSION_SAMPLER")
       ->capture_default_str();
   app.add_option("--adaptive-gamma", flags.adaptive_gamma,
                  "choose each spec step's draft tokens from the live batch, up to the request's "

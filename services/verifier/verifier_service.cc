@@ -439,6 +439,9 @@ absl::StatusOr<SequenceRequest> ToSequenceRequest(const v1::VerifyRequest& verif
     options.diffusion_block_size = given.diffusion_block_size();
   }
   if (given.diffusion_threshold() != 0) options.diffusion_threshold = given.diffusion_threshold();
+  if (given.diffusion_sampler() != 0) {
+    options.diffusion_sampler = given.diffusion_sampler();  // CheckModeOptions bounds it
+  }
   absl::Status more = ApplyModeOptions(given, &options);
   if (!more.ok()) return more;
   out.mode_options = options;

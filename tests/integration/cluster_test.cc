@@ -106,7 +106,7 @@ TEST_F(ClusterTest, GreedyOutputEqualsInProcessInEveryMode) {
 
 // Mode options the verifier API carries are honoured: each request equals the in-process
 // generator given the same options, and differs from the mode's defaults where they matter.
-TEST_F(ClusterTest, VerifierHonoursNspIsdAndSimsdOptions) {
+TEST_F(ClusterTest, VerifierHonoursNspIsdSimsdAndDiffusionOptions) {
   auto channel =
       grpc::CreateChannel(cluster_->verifier_address(), grpc::InsecureChannelCredentials());
   std::unique_ptr<v1::Verifier::Stub> verifier = v1::Verifier::NewStub(channel);
@@ -115,7 +115,7 @@ TEST_F(ClusterTest, VerifierHonoursNspIsdAndSimsdOptions) {
     v1::ModeOptions wire;
     ModeOptions local;
   };
-  std::vector<Case> cases(4);
+  std::vector<Case> cases(5);
   cases[0].mode = "nsp";
   cases[0].wire.set_nsp_tau(0.5f);
   cases[0].local.nsp_tau = 0.5f;
@@ -132,6 +132,10 @@ TEST_F(ClusterTest, VerifierHonoursNspIsdAndSimsdOptions) {
   cases[3].mode = "simsd";
   cases[3].wire.set_simsd_gamma(8);
   cases[3].local.simsd_gamma = 8;
+  // diffusion by the bundled target's trained sampler (models/tandem-target/sampler).
+  cases[4].mode = "diffusion";
+  cases[4].wire.set_diffusion_sampler(0.5f);
+  cases[4].local.diffusion_sampler = 0.5f;
   for (const Case& c : cases) {
     for (const std::string& prompt : kPrompts) {
       SCOPED_TRACE("mode " + c.mode + " " + c.wire.ShortDebugString() + ", prompt '" + prompt +
@@ -173,11 +177,12 @@ TEST_F(ClusterTest, VerifierHonoursNspIsdAndSimsdOptions) {
   // A bad value is INVALID_ARGUMENT naming the field: refused by the conversion (nsp_tau) or
   // by the mode the option reached (simsd_gamma above the block size).
   for (const auto& [mode, field] : std::vector<std::pair<std::string, std::string>>{
-           {"nsp", "nsp_tau"}, {"simsd", "simsd_gamma"}}) {
+           {"nsp", "nsp_tau"}, {"simsd", "simsd_gamma"}, {"diffusion", "diffusion_sampler"}}) {
     v1::VerifyRequest bad;
     *bad.mutable_request() = Greedy("def f(", mode, 8);
     if (mode == "nsp") bad.mutable_mode_options()->set_nsp_tau(2.0f);
     if (mode == "simsd") bad.mutable_mode_options()->set_simsd_gamma(9);
+    if (mode == "diffusion") bad.mutable_mode_options()->set_diffusion_sampler(1.5f);
     grpc::ClientContext context;
     std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
         verifier->Generate(&context, bad);

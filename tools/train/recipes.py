@@ -53,6 +53,26 @@ class LoraSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+    """The diffusion mode's trained sampler on a frozen bundled model (sampler.py)."""
+
+    folder: str = "sampler"  # inside the base model's folder
+    block_sizes: tuple[int, ...] = (8, 16)  # trajectory block lengths (NLD App. A: 8 and 32)
+    prefix: int = 32  # clean corpus tokens before each block
+    train_windows: int = 768  # blocks per block length, each decoded under both policies
+    eval_windows: int = 128  # held-out blocks per block length
+    batch_windows: int = 128  # blocks per trajectory forward
+    token_feature_dims: int = 16  # PCA components of the token embeddings
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    ffn: int = 128
+    max_block: int = 32
+    eps: float = 1e-5
+    threshold: float = 0.5  # the threshold the engine suggests
+
+
+@dataclasses.dataclass(frozen=True)
 class Recipe:
     name: str
     description: str
@@ -86,6 +106,8 @@ class Recipe:
     dflash: DFlashSpec | None = None
     # Gated LoRA adapter on init_from's draft positions (objectives "risd", "self_spec_lora").
     lora: LoraSpec | None = None
+    # The diffusion mode's trained sampler on init_from (objective "sampler").
+    sampler: SamplerSpec | None = None
 
     @property
     def total_steps(self) -> int:
@@ -310,4 +332,27 @@ SELF_SPEC_LORA = Recipe(
     lora=LoraSpec(folder="draft-lora", draft_slots=8),
 )
 
-RECIPES = {r.name: r for r in (TARGET, SDLM, DRAFTER, IDLM, DFLASH, RISD, SELF_SPEC_LORA)}
+# The diffusion mode's trained sampler (NLD §3.2, App. A) on the frozen tri-mode target: a
+# 2-layer, d = 64 bidirectional transformer (about 70k parameters plus a 4096 x 16 token
+# feature table) trained on the target's own denoising trajectories. One step is a batch of
+# 256 block states; the trajectories (768 blocks x 2 block lengths x 2 policies) dominate the
+# run's few minutes.
+SAMPLER = Recipe(
+    name="sampler",
+    description="Trained sampler for the diffusion mode of tandem-target (NLD §3.2).",
+    model=TARGET.model,
+    stages=(Stage(name="sampler", steps=1500, alpha=1.0),),
+    modes=("diffusion",),
+    batch_size=256,
+    peak_lr=2e-3,
+    warmup_steps=50,
+    weight_decay=0.01,
+    betas=(0.9, 0.99),
+    objective="sampler",
+    init_from="tandem-target",
+    sampler=SamplerSpec(),
+    budget_minutes=30,
+)
+
+RECIPES = {r.name: r for r in (TARGET, SDLM, DRAFTER, IDLM, DFLASH, RISD, SELF_SPEC_LORA,
+                               SAMPLER)}

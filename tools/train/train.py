@@ -167,6 +167,9 @@ def train(args: argparse.Namespace) -> int:
     if recipe.lora:  # a gated adapter on a frozen bundled model: own loop
         import lora
         return lora.train(args, recipe)
+    if recipe.sampler:  # the diffusion mode's sampler on a frozen bundled model: own loop
+        import sampler
+        return sampler.train(args, recipe)
     out = args.out or REPO_ROOT / "models" / f"tandem-{recipe.name}"
     work = args.work or Path(tempfile.gettempdir()) / f"tandem-train-{recipe.name}"
     work.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,12 @@
 #include "worker/decoding/diffusion.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/decoding/diffusion_sampler.h"
+#include "worker/decoding/diffusion_sol.h"
 
 namespace tandem {
 
@@ -20,6 +22,18 @@ absl::Status ValidateDiffusionOptions(const DiffusionOptions& options, int vocab
   if (!(options.threshold >= 0.0f && options.threshold <= 1.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat("diffusion threshold must be in [0, 1], got ", options.threshold));
+  }
+  if (options.sampler != nullptr) {
+    if (!(options.sampler_threshold > 0.0f && options.sampler_threshold <= 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "diffusion sampler threshold must be in (0, 1], got ", options.sampler_threshold));
+    }
+    if (options.block_size > options.sampler->max_block()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("diffusion block size ", options.block_size,
+                       " is longer than the trained sampler's blocks (at most ",
+                       options.sampler->max_block(), ")"));
+    }
   }
   return absl::OkStatus();
 }
@@ -91,22 +105,32 @@ absl::StatusOr<StepResult> DiffusionMode::Consume(const DecodeState& state, cons
   std::vector<Slot> slots;
   for (size_t r = 0; r < plan.outputs.size(); ++r) {
     const std::span<const float> row = LogitsRow(out, static_cast<int>(r), vocab_size_);
+    const float confidence = PredictSlot(row, options_.mask_token).confidence;
     std::vector<float> logits(row.begin(), row.end());
     logits[options_.mask_token] = -std::numeric_limits<float>::infinity();
-    const float top = logits[Argmax(logits)];
-    double sum = 0;
-    for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
-    slots.push_back({plan.outputs[r] - pending, static_cast<float>(1.0 / sum), std::move(logits)});
+    slots.push_back({plan.outputs[r] - pending, confidence, std::move(logits)});
   }
   if (slots.empty()) return absl::InternalError("diffusion: no masked slot in the block");
-  bool any = false;
-  for (const Slot& s : slots) any = any || s.confidence >= options_.threshold;
+  // The most confident slot is always unmasked (the serial step), and with it every slot whose
+  // score reaches the threshold: its confidence, or the trained sampler's probability.
+  std::vector<float> score;
+  float threshold = options_.threshold;
+  if (options_.sampler != nullptr) {
+    std::vector<SlotSummary> summaries;
+    for (const Slot& s : slots) summaries.push_back(SummarizeSlot(s.logits, options_.mask_token));
+    TANDEM_ASSIGN_OR_RETURN(std::vector<float> p, options_.sampler->Score(block_, summaries));
+    for (const Slot& s : slots) score.push_back(p[s.index]);
+    threshold = options_.sampler_threshold;
+  } else {
+    for (const Slot& s : slots) score.push_back(s.confidence);
+  }
   const Slot* best = &slots[0];
   for (const Slot& s : slots) {
     if (s.confidence > best->confidence) best = &s;
   }
-  for (const Slot& s : slots) {
-    if (any ? s.confidence >= options_.threshold : &s == best) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& s = slots[i];
+    if (score[i] >= threshold || &s == best) {
       block_[s.index] =
           SampleToken(s.logits, *state.sampling, static_cast<uint64_t>(block_start_ + s.index));
       masked_[s.index] = 0;

@@ -17,6 +17,10 @@
 // prefill rides on the first block the same way. `fused_refresh = false` spends the separate
 // forward; it exists to test that both give the same KV and logits.
 //
+// With a trained sampler (diffusion_sampler.h, NLD §3.2) the slots unmasked are the most
+// confident one (the serial step) and every slot whose sampler probability of being final
+// reaches sampler_threshold.
+//
 // A block ends early once an end-of-sequence token is unmasked with every slot before it
 // unmasked; the slots after it are dropped.
 #pragma once
@@ -29,12 +33,19 @@
 
 namespace tandem {
 
+class DiffusionSampler;
+
 struct DiffusionOptions {
   int block_size = 8;
   int32_t mask_token = 0;
   float threshold = 0.9f;  // in [0, 1]; 0 unmasks a whole block in one forward
   std::vector<int32_t> eos_tokens;
   bool fused_refresh = true;
+  // The trained sampler's rule instead of the confidence threshold: unmask the most confident
+  // slot and each masked slot whose sampler probability reaches `sampler_threshold`.
+  // Not owned; must outlive the mode. Its max_block() must cover block_size.
+  const DiffusionSampler* sampler = nullptr;
+  float sampler_threshold = 0.5f;  // in (0, 1]
 };
 
 absl::Status ValidateDiffusionOptions(const DiffusionOptions& options, int vocab_size);

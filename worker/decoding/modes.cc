@@ -110,6 +110,7 @@ absl::Status CheckModeOptions(std::string_view mode, const ModeOptions& o,
   TANDEM_RETURN_IF_ERROR(
       check_block("diffusion_block_size", o.diffusion_block_size, 0, {"diffusion", "simsd"}));
   TANDEM_RETURN_IF_ERROR(check_unit("diffusion_threshold", o.diffusion_threshold));
+  TANDEM_RETURN_IF_ERROR(check_unit("diffusion_sampler", o.diffusion_sampler));
   TANDEM_RETURN_IF_ERROR(check_block("nsp_block", o.nsp_block, 0, {"nsp"}));
   TANDEM_RETURN_IF_ERROR(check_unit("nsp_tau", o.nsp_tau));
   if (o.nsp_confidence != "logit" && o.nsp_confidence != "entropy") {
@@ -287,6 +288,15 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
         .mask_token = *config.diffusion.mask_token_id,
         .threshold = options.diffusion_threshold,
         .eos_tokens = {config.eos_token_ids.begin(), config.eos_token_ids.end()}};
+    if (options.diffusion_sampler > 0.0f) {
+      if (options.sampler_model == nullptr) {
+        return absl::InvalidArgumentError(
+            "diffusion_sampler asks for the trained diffusion sampler, but this model has none "
+            "(a sampler/ folder beside its weights); use diffusion_threshold instead");
+      }
+      diffusion.sampler = options.sampler_model;
+      diffusion.sampler_threshold = options.diffusion_sampler;
+    }
     TANDEM_RETURN_IF_ERROR(ValidateDiffusionOptions(diffusion, config.vocab_size));
     return std::make_unique<DiffusionMode>(std::move(diffusion), config.vocab_size,
                                            config.max_position_embeddings);

@@ -14,6 +14,7 @@
 namespace tandem {
 
 class DFlashModel;
+class DiffusionSampler;
 class Drafter;
 class Transformer;
 
@@ -31,6 +32,9 @@ struct ModeOptions {
   float quadratic_lambda = 0.0f;     // self_spec_quadratic: diffusion verifier weight, NLD App. C
   int diffusion_block_size = 0;      // tokens per denoised block; 0 = the model's block size
   float diffusion_threshold = 0.9f;  // unmask slots whose top-1 probability reaches this
+  // > 0: diffusion unmasks by the model's trained sampler instead (slots whose sampler
+  // probability reaches this; DiffusionOptions::sampler); 0: by diffusion_threshold.
+  float diffusion_sampler = 0.0f;
   // nsp (SDLM next sequence prediction) needs a <|mask|> token and a block size too.
   int nsp_block = 0;                     // D: tokens predicted per step; 0 = the model's
   float nsp_tau = 0.9f;                  // keep the longest prefix with confidence product >= tau
@@ -54,6 +58,9 @@ struct ModeOptions {
   // spec: a DFlash drafter conditioned on the target's hidden states, used instead of
   // spec_drafter when set. Not owned; must outlive the mode.
   const DFlashModel* spec_dflash = nullptr;
+  // diffusion with diffusion_sampler > 0: the model's trained sampler (its folder's sampler/,
+  // LoadedModel::sampler). Not owned; must outlive the mode.
+  const DiffusionSampler* sampler_model = nullptr;
 };
 
 // Upper bounds on what a request may ask of a mode (every client-controlled size). The block-like

@@ -31,7 +31,11 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> Engine::Impl::MakeMode(const std::
                                                                      const SequenceRequest& request,
                                                                      EngineSequence* seq) const {
   const ModelConfig& config = model_->model->config();
-  if (!UsesDrafter(name)) return CreateMode(name, request.mode_options, config, request.sampling);
+  if (!UsesDrafter(name)) {
+    ModeOptions options = request.mode_options;
+    options.sampler_model = model_->sampler.get();
+    return CreateMode(name, options, config, request.sampling);
+  }
   const std::string address = request.drafter.empty() ? options_.default_drafter : request.drafter;
   if (!drafters_ || address.empty()) {
     return absl::InvalidArgumentError(

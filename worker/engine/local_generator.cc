@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -18,6 +19,10 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOpt
   if (device.device != Device::kCpu) TANDEM_RETURN_IF_ERROR(loaded.model->UseDevice(device));
   TANDEM_ASSIGN_OR_RETURN(loaded.tokenizer, Tokenizer::FromFile(dir + "/tokenizer.json"));
   TANDEM_ASSIGN_OR_RETURN(loaded.chat_template, ChatTemplate::FromModelDir(dir));
+  if (std::filesystem::exists(dir + "/sampler/config.json")) {
+    TANDEM_ASSIGN_OR_RETURN(loaded.sampler,
+                            DiffusionSampler::Load(dir + "/sampler", loaded.model->config()));
+  }
   return loaded;
 }
 
@@ -72,6 +77,7 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   ModeOptions mode_options = options.mode_options;
   if (options.drafter != nullptr) mode_options.spec_drafter = options.drafter->model.get();
   mode_options.spec_dflash = options.dflash_drafter;
+  mode_options.sampler_model = model_->sampler.get();
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DecodingMode> mode,
                           CreateMode(options.mode, mode_options, config, options.sampling));
   GenerateResult result;

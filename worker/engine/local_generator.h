@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/decoding/diffusion_sampler.h"
 #include "worker/decoding/modes.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/transformer.h"
@@ -63,10 +64,12 @@ struct LoadedModel {
   std::unique_ptr<Transformer> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatTemplate> chat_template;  // null: the checkpoint has none (ChatML)
+  std::unique_ptr<DiffusionSampler> sampler;    // <dir>/sampler/ when present (diffusion)
 };
 
-// Loads <dir>/config.json, weights, tokenizer.json and the chat template (chat_template.jinja or
-// tokenizer_config.json's), and moves the model to `device` (Transformer::UseDevice).
+// Loads <dir>/config.json, weights, tokenizer.json, the chat template (chat_template.jinja or
+// tokenizer_config.json's) and the diffusion mode's trained sampler (<dir>/sampler/, when
+// there), and moves the model to `device` (Transformer::UseDevice).
 absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device = {});
 
 // The prompt text of a chat: the model's chat template with a generation prompt, or ChatML
