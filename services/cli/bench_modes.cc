@@ -5,10 +5,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "kernels/cpu/gemm.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/bench_prompts.h"
@@ -55,8 +59,40 @@ struct Totals {
   int exact_diffusion_sequences = 0;
   int equal_diffusion_tokens = 0;
   int compared_diffusion_tokens = 0;
+  double ar_nll = 0;  // sum over the completion tokens, nats (ArNll)
   bool lossless = true;
 };
+
+// The negative log-likelihood (nats, summed) that the model's AR pathway gives `tokens` after
+// `prompt`, teacher-forced in one causal forward: how plausible a lossy mode's text is to the
+// target, next to the same figure for AR greedy's own text.
+absl::StatusOr<double> ArNll(Transformer& model, std::span<const int32_t> prompt,
+                             std::span<const int32_t> tokens) {
+  if (tokens.empty() || prompt.empty()) return 0.0;
+  std::vector<int32_t> seq(prompt.begin(), prompt.end());
+  seq.insert(seq.end(), tokens.begin(), tokens.end());
+  seq.pop_back();  // the last token is predicted, never read
+  const int n = static_cast<int>(seq.size());
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  std::vector<int32_t> outputs(tokens.size());
+  std::iota(outputs.begin(), outputs.end(), static_cast<int32_t>(prompt.size()) - 1);
+  KvCache kv(model.KvOptions(n + 16));
+  TANDEM_RETURN_IF_ERROR(kv.AddSequence(1));
+  if (!kv.Reserve(1, n)) return absl::ResourceExhaustedError("no KV for the AR-NLL forward");
+  Extend extend{.seq = 1, .tokens = seq, .positions = positions, .outputs = outputs};
+  TANDEM_ASSIGN_OR_RETURN(std::vector<ExtendOutput> out, model.Forward({&extend, 1}, kv));
+  const int vocab = model.config().vocab_size;
+  double nll = 0;
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    const std::span<const float> row = LogitsRow(out[0], static_cast<int>(r), vocab);
+    const float top = *std::max_element(row.begin(), row.end());
+    double sum = 0;
+    for (float x : row) sum += std::exp(static_cast<double>(x) - top);
+    nll += top + std::log(sum) - row[tokens[r]];
+  }
+  return nll;
+}
 
 // The default variant of every implemented mode, plus option sweeps worth comparing for the
 // modes known here; modes added later get their default row without code changes.
@@ -130,7 +166,7 @@ std::vector<Variant> AllVariants() {
   return variants;
 }
 
-void Add(const GenerateResult& r, const std::vector<int32_t>& ar_tokens,
+void Add(const GenerateResult& r, double ar_nll, const std::vector<int32_t>& ar_tokens,
          const std::vector<int32_t>* diffusion_tokens, Totals* t) {
   const int n = static_cast<int>(r.tokens.size());
   const int ar_n = static_cast<int>(ar_tokens.size());
@@ -142,6 +178,7 @@ void Add(const GenerateResult& r, const std::vector<int32_t>& ar_tokens,
   t->drafted += r.drafted;
   t->accepted += r.accepted;
   t->seconds += r.seconds;
+  t->ar_nll += ar_nll;
   t->lossless = r.lossless;
   if (r.tokens == ar_tokens) ++t->exact_sequences;
   for (int i = 0; i < std::min(n, ar_n); ++i) t->equal_tokens += r.tokens[i] == ar_tokens[i];
@@ -192,6 +229,7 @@ nlohmann::json RowJson(const Variant& v, const std::string& category, const Tota
        Fraction(t.exact_diffusion_sequences, t.compared_diffusion_tokens > 0 ? t.prompts : 0)},
       {"exact_match_tokens_vs_diffusion",
        Fraction(t.equal_diffusion_tokens, t.compared_diffusion_tokens)},
+      {"ar_nll", t.tokens > 0 ? t.ar_nll / t.tokens : 0.0},
   };
 }
 
@@ -209,6 +247,9 @@ constexpr const char* kDefinitions[] = {
     "token equals AR's at the same index / sum of max(len, AR len).",
     "seq=diff, tok=diff: the same against the target's own `diffusion` decode (default "
     "options); '-' when the target has no diffusion pathway.",
+    "AR-NLL: the target's AR negative log-likelihood of the completion tokens after the "
+    "prompt, nats per token (teacher-forced): how plausible a lossy mode's text is to the AR "
+    "model, next to the ar row (its own greedy text).",
 };
 
 }  // namespace
@@ -262,6 +303,21 @@ int RunBenchModes(const BenchModesArgs& args) {
   if (!target.ok()) {
     std::fprintf(stderr, "bench modes: %s\n", target.status().ToString().c_str());
     return 1;
+  }
+  if (target->sampler != nullptr) {
+    // The trained sampler beside each confidence threshold of `diffusion`.
+    std::vector<Variant> with_sampler;
+    for (const Variant& v : variants) {
+      with_sampler.push_back(v);
+      if (v.label != "diffusion") continue;
+      for (float t : {0.5f, 0.3f}) {
+        Variant sampled{v.mode, absl::StrCat("diffusion sampler=", t), v.options, v.options_json};
+        sampled.options.diffusion_sampler = t;
+        sampled.options_json["diffusion_sampler"] = t;
+        with_sampler.push_back(std::move(sampled));
+      }
+    }
+    variants = std::move(with_sampler);
   }
   if (!args.lora_dir.empty()) {
     if (absl::Status attached = AttachLoraAdapter(*target, args.lora_dir); !attached.ok()) {
@@ -381,7 +437,13 @@ int RunBenchModes(const BenchModesArgs& args) {
                      r.status().ToString().c_str());
         return 1;
       }
-      Add(*r, reference[i].tokens, has_diffusion ? &diffusion_reference[i].tokens : nullptr,
+      absl::StatusOr<double> nll = ArNll(*target->model, r->prompt_ids, r->tokens);
+      if (!nll.ok()) {
+        std::fprintf(stderr, "bench modes: AR-NLL of %s on %s: %s\n", v.label.c_str(),
+                     p.source.c_str(), nll.status().ToString().c_str());
+        return 1;
+      }
+      Add(*r, *nll, reference[i].tokens, has_diffusion ? &diffusion_reference[i].tokens : nullptr,
           &totals[p.category]);
       if (args.tokens) {
         outputs.push_back({{"variant", v.label},
@@ -439,9 +501,9 @@ int RunBenchModes(const BenchModesArgs& args) {
   }
   for (const std::string& c : categories) {
     std::printf("\n[%s]\n", c.c_str());
-    std::printf("%-22s %-8s %6s %8s %9s %8s %8s %12s %7s %7s %8s %8s\n", "mode", "lossless", "TPF",
-                "acc.len", "forwards", "drafter", "tokens", "tok/s (CPU)", "seq=AR", "tok=AR",
-                "seq=diff", "tok=diff");
+    std::printf("%-22s %-8s %6s %8s %9s %8s %8s %12s %7s %7s %8s %8s %7s\n", "mode", "lossless",
+                "TPF", "acc.len", "forwards", "drafter", "tokens", "tok/s (CPU)", "seq=AR",
+                "tok=AR", "seq=diff", "tok=diff", "AR-NLL");
     for (const auto& [v, totals] : results) {
       const Totals& t = totals.at(c);
       const std::optional<double> accept = AcceptanceLength(t);
@@ -454,13 +516,14 @@ int RunBenchModes(const BenchModesArgs& args) {
           vs_diffusion ? absl::StrFormat(
                              "%.2f", 1.0 * t.equal_diffusion_tokens / t.compared_diffusion_tokens)
                        : "-";
-      std::printf("%-22s %-8s %6.2f %8s %9d %8d %8d %12.1f %7.2f %7.2f %8s %8s\n", v->label.c_str(),
-                  t.lossless ? "yes" : "NO", t.forwards > 0 ? 1.0 * t.tokens / t.forwards : 0.0,
-                  accept_text.c_str(), t.forwards, t.drafter_forwards, t.tokens,
-                  t.seconds > 0 ? t.tokens / t.seconds : 0.0,
-                  t.prompts > 0 ? 1.0 * t.exact_sequences / t.prompts : 0.0,
-                  t.compared_tokens > 0 ? 1.0 * t.equal_tokens / t.compared_tokens : 0.0,
-                  seq_diffusion.c_str(), tok_diffusion.c_str());
+      std::printf(
+          "%-22s %-8s %6.2f %8s %9d %8d %8d %12.1f %7.2f %7.2f %8s %8s %7.3f\n", v->label.c_str(),
+          t.lossless ? "yes" : "NO", t.forwards > 0 ? 1.0 * t.tokens / t.forwards : 0.0,
+          accept_text.c_str(), t.forwards, t.drafter_forwards, t.tokens,
+          t.seconds > 0 ? t.tokens / t.seconds : 0.0,
+          t.prompts > 0 ? 1.0 * t.exact_sequences / t.prompts : 0.0,
+          t.compared_tokens > 0 ? 1.0 * t.equal_tokens / t.compared_tokens : 0.0,
+          seq_diffusion.c_str(), tok_diffusion.c_str(), t.tokens > 0 ? t.ar_nll / t.tokens : 0.0);
     }
   }
   if (!skipped.empty()) std::printf("\n");

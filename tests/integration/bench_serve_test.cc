@@ -460,5 +460,79 @@ TEST(BenchPrefix, ComparesTheCacheOffOnAndWithAffinity) {
   }
 }
 
+TEST(BenchModes, ReportsTheArNllAndTheDiffusionSamplerVariants) {
+  const CommandRun run =
+      RunTandem("bench modes --modes ar,diffusion --prompts 1 --max-tokens 16 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json j = json::parse(run.out);
+  std::map<std::string, const json*> code;  // variant -> its row on the code prompt
+  for (const json& row : j["results"]) {
+    if (row["category"] == "code") code[row["variant"].get<std::string>()] = &row;
+  }
+  // The bundled target has a trained sampler: its variants run beside the thresholds.
+  for (const char* variant : {"ar", "diffusion", "diffusion sampler=0.5", "diffusion t=0"}) {
+    ASSERT_TRUE(code.count(variant)) << variant;
+    const double nll = (*code[variant])["ar_nll"];
+    EXPECT_GT(nll, 0.0) << variant;
+    EXPECT_LT(nll, 20.0) << variant;
+  }
+  EXPECT_EQ((*code["diffusion sampler=0.5"])["options"]["diffusion_sampler"], 0.5);
+  // A whole block per forward is far less plausible to the AR model than its own greedy text.
+  EXPECT_GT((*code["diffusion t=0"])["ar_nll"].get<double>(),
+            (*code["ar"])["ar_nll"].get<double>());
+}
+
+TEST(BenchSol, ReportsTheCeilingPerBlockLengthBesideTheThreshold) {
+  const CommandRun run = RunTandem(
+      "bench sol --blocks 1,4 --thresholds 0.9,0 --sampler-thresholds 0.5 --max-tokens 8 "
+      "--prompts 1 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json j = json::parse(run.out);
+  EXPECT_EQ(j["depth"], 1);
+  EXPECT_EQ(j["sampler"], true);
+  int all_rows = 0;
+  for (const json& row : j["rows"]) {
+    SCOPED_TRACE(row.dump());
+    const int block = row["block_size"];
+    const int blocks = row["blocks"];
+    ASSERT_GT(blocks, 0);
+    EXPECT_EQ(row["tokens"], blocks * block);
+    all_rows += row["category"] == "all" ? 1 : 0;
+    // Every scheme commits at least one slot per forward and at most the whole block.
+    for (const json* scheme : {&row["greedy"], &row["compaction"]}) {
+      EXPECT_GE((*scheme)["forwards"].get<int>(), blocks);
+      EXPECT_LE((*scheme)["forwards"].get<int>(), blocks * block);
+    }
+    EXPECT_GT(row["compaction"]["exact_blocks"].get<int>(), 0);
+    // Confidence 0.9 and 0, then the bundled target's trained sampler at 0.5.
+    const json& rules = row["rules"];
+    ASSERT_EQ(rules.size(), 3u);
+    EXPECT_EQ(rules[0]["rule"], "confidence");
+    EXPECT_EQ(rules[2]["rule"], "sampler");
+    EXPECT_EQ(rules[1]["forwards"], blocks);  // threshold 0 unmasks a block in one forward
+    const double agreement = rules[0]["agreement"];
+    for (const json& rule : rules) {
+      EXPECT_GE(rule["agreement"].get<double>(), 0.0);
+      EXPECT_LE(rule["agreement"].get<double>(), 1.0);
+      EXPECT_GE(rule["forwards"].get<int>(), blocks);
+    }
+    if (block == 1) {  // one slot: every scheme is the serial decode
+      EXPECT_EQ(row["greedy"]["exact_blocks"], blocks);
+      EXPECT_EQ(row["compaction"]["forwards"], blocks);
+      EXPECT_EQ(agreement, 1.0);
+    }
+  }
+  EXPECT_EQ(all_rows, 2);  // one per block length
+}
+
+TEST(BenchSol, RefusesBadSettings) {
+  for (const std::string args : {"--blocks 0", "--blocks 65", "--thresholds 1.5", "--depth 0",
+                                 "--probes -1", "--max-tokens 0"}) {
+    const CommandRun run = RunTandem("bench sol " + args);
+    EXPECT_EQ(run.exit_code, 1) << args;
+    EXPECT_THAT(run.err, ::testing::HasSubstr("bench sol: --")) << args;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::testing
