@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -262,9 +263,14 @@ int RunBenchModes(const BenchModesArgs& args) {
     std::fprintf(stderr, "bench modes: --max-tokens must be positive, got %d\n", args.max_tokens);
     return 1;
   }
-  const std::string prompts_path = args.prompts_file.empty()
-                                       ? args.model_dir + "/fixtures/bench_prompts.json"
-                                       : args.prompts_file;
+  const absl::StatusOr<std::string> found_model = FindModelDir(args.model_dir);
+  if (!found_model.ok()) {
+    std::fprintf(stderr, "bench modes: %s\n", std::string(found_model.status().message()).c_str());
+    return 1;
+  }
+  const std::string& model_dir = *found_model;
+  const std::string prompts_path =
+      args.prompts_file.empty() ? model_dir + "/fixtures/bench_prompts.json" : args.prompts_file;
   auto prompts = LoadPrompts(prompts_path, args.prompts);
   if (!prompts.ok()) {
     std::fprintf(stderr, "bench modes: %s\n", prompts.status().ToString().c_str());
@@ -299,7 +305,7 @@ int RunBenchModes(const BenchModesArgs& args) {
                  std::string(device.status().message()).c_str());
     return 1;
   }
-  auto target = LoadModelDir(args.model_dir, *device);
+  auto target = LoadModelDir(model_dir, *device);
   if (!target.ok()) {
     std::fprintf(stderr, "bench modes: %s\n", target.status().ToString().c_str());
     return 1;
@@ -338,8 +344,9 @@ int RunBenchModes(const BenchModesArgs& args) {
     variants = std::move(with_lora);
   }
   const std::string drafter_dir =
-      args.drafter_dir.empty() ? DefaultDrafterDir(args.model_dir) : args.drafter_dir;
-  const bool self_drafting = drafter_dir == args.model_dir;
+      args.drafter_dir.empty() ? DefaultDrafterDir(model_dir) : args.drafter_dir;
+  const bool self_drafting = std::filesystem::weakly_canonical(drafter_dir) ==
+                             std::filesystem::weakly_canonical(model_dir);
   absl::StatusOr<LoadedModel> separate_drafter;
   LoadedModel* drafter = &*target;
   // A DFlash drafter drafts spec's blocks from the target's hidden states (no model of its own
@@ -465,7 +472,7 @@ int RunBenchModes(const BenchModesArgs& args) {
   for (const Prompt& p : *prompts) ++per_category[p.category];
   if (args.json) {
     const nlohmann::json j = {
-        {"model", args.model_dir},
+        {"model", model_dir},
         {"drafter", drafter_dir},
         {"lora", args.lora_dir},
         {"drafter_is_target", self_drafting},
@@ -486,7 +493,7 @@ int RunBenchModes(const BenchModesArgs& args) {
   }
 
   std::printf("tandem bench modes  (model %s, greedy, up to %d new tokens, %d threads)\n",
-              args.model_dir.c_str(), args.max_tokens, threads);
+              model_dir.c_str(), args.max_tokens, threads);
   std::printf("prompts: %s (", prompts_path.c_str());
   for (size_t i = 0; i < categories.size(); ++i) {
     std::printf("%s%d %s", i > 0 ? ", " : "", per_category[categories[i]], categories[i].c_str());

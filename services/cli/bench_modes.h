@@ -9,7 +9,7 @@
 namespace tandem::cli {
 
 struct BenchModesArgs {
-  std::string model_dir = "models/tandem-target";
+  std::string model_dir;    // "" = FindModelDir (locate.h): the bundled target
   std::string drafter_dir;  // spec's drafter; empty = DefaultDrafterDir(model_dir)
   // LoRA adapter on the model: every isd / self_spec variant also runs with it (" +lora").
   std::string lora_dir;

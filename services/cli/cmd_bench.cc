@@ -102,8 +102,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "Decoding modes on held-out prompts of a model (greedy): tokens per target forward, "
       "acceptance length, CPU tokens/s and exact match with AR, per prompt category. Modes: " +
           absl::StrJoin(ImplementedModes(), ", "));
-  modes_cmd->add_option("--model", modes->model_dir, "Target model directory")
-      ->capture_default_str();
+  modes_cmd->add_option("--model", modes->model_dir,
+                        "Target model directory; default: the bundled target");
   modes_cmd->add_option("--drafter", modes->drafter_dir,
                         "spec: drafter model directory; default: tandem-drafter next to the "
                         "target when present with the same tokenizer (the bundled "
