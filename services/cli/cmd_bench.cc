@@ -144,7 +144,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "Speed-of-light analysis of a model's diffusion pathway on held-out prompts (NLD §4): per "
       "block length, the tokens per forward that greedy acceptance and recursive dynamic "
       "compaction reach for the serial-denoising target of each block, beside the diffusion "
-      "mode's confidence threshold and its agreement with that target");
+      "mode's confidence threshold and trained sampler (when the model has one) and their "
+      "agreement with that target");
   sol_cmd->add_option("--model", sol->model_dir,
                       "Model directory with a block-diffusion pathway; default: the bundled "
                       "target");
