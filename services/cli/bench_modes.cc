@@ -5,7 +5,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +26,7 @@
 #include "services/cli/bench_prompts.h"
 #include "services/cli/locate.h"
 #include "worker/decoding/modes.h"
+#include "worker/decoding/token_logprobs.h"
 #include "worker/engine/local_generator.h"
 #include "worker/model/dflash.h"
 
@@ -86,11 +86,7 @@ absl::StatusOr<double> ArNll(Transformer& model, std::span<const int32_t> prompt
   const int vocab = model.config().vocab_size;
   double nll = 0;
   for (size_t r = 0; r < tokens.size(); ++r) {
-    const std::span<const float> row = LogitsRow(out[0], static_cast<int>(r), vocab);
-    const float top = *std::max_element(row.begin(), row.end());
-    double sum = 0;
-    for (float x : row) sum += std::exp(static_cast<double>(x) - top);
-    nll += top + std::log(sum) - row[tokens[r]];
+    nll -= RowLogprob(LogitsRow(out[0], static_cast<int>(r), vocab), tokens[r], 0).logprob;
   }
   return nll;
 }

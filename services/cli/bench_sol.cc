@@ -106,15 +106,21 @@ class Sequence {
     TANDEM_RETURN_IF_ERROR(kv_.Commit(kSeq, {}));
     const int vocab = model_.config().vocab_size;
     std::vector<SlotPrediction> predictions(n);
+    if (sampler == nullptr) {
+      for (size_t r = 0; r < outputs.size(); ++r) {
+        predictions[outputs[r]] = PredictSlot(LogitsRow(out[0], static_cast<int>(r), vocab), mask_);
+      }
+      return predictions;
+    }
     std::vector<SlotSummary> summaries;
     for (size_t r = 0; r < outputs.size(); ++r) {
-      const std::span<const float> row = LogitsRow(out[0], static_cast<int>(r), vocab);
-      predictions[outputs[r]] = PredictSlot(row, mask_);
-      if (sampler != nullptr) summaries.push_back(SummarizeSlot(row, mask_));
+      summaries.push_back(SummarizeSlot(LogitsRow(out[0], static_cast<int>(r), vocab), mask_));
     }
-    if (sampler != nullptr) {
-      TANDEM_ASSIGN_OR_RETURN(std::vector<float> p, sampler->Score(block, summaries));
-      for (int32_t i : outputs) predictions[i].score = p[i];
+    TANDEM_ASSIGN_OR_RETURN(std::vector<float> p, sampler->Score(block, summaries));
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      const SlotSummary& s = summaries[r];  // its top-1 is PredictSlot's prediction
+      predictions[outputs[r]] = {
+          .token = s.top[0], .confidence = s.prob[0], .score = p[outputs[r]]};
     }
     return predictions;
   }

@@ -103,9 +103,16 @@ absl::StatusOr<StepResult> DiffusionMode::Consume(const DecodeState& state, cons
     std::vector<float> logits;
   };
   std::vector<Slot> slots;
+  std::vector<SlotSummary> summaries;  // with a sampler: its input, whose prob[0] is the confidence
   for (size_t r = 0; r < plan.outputs.size(); ++r) {
     const std::span<const float> row = LogitsRow(out, static_cast<int>(r), vocab_size_);
-    const float confidence = PredictSlot(row, options_.mask_token).confidence;
+    float confidence = 0;
+    if (options_.sampler != nullptr) {
+      summaries.push_back(SummarizeSlot(row, options_.mask_token));
+      confidence = summaries.back().prob[0];
+    } else {
+      confidence = PredictSlot(row, options_.mask_token).confidence;
+    }
     std::vector<float> logits(row.begin(), row.end());
     logits[options_.mask_token] = -std::numeric_limits<float>::infinity();
     slots.push_back({plan.outputs[r] - pending, confidence, std::move(logits)});
@@ -116,8 +123,6 @@ absl::StatusOr<StepResult> DiffusionMode::Consume(const DecodeState& state, cons
   std::vector<float> score;
   float threshold = options_.threshold;
   if (options_.sampler != nullptr) {
-    std::vector<SlotSummary> summaries;
-    for (const Slot& s : slots) summaries.push_back(SummarizeSlot(s.logits, options_.mask_token));
     TANDEM_ASSIGN_OR_RETURN(std::vector<float> p, options_.sampler->Score(block_, summaries));
     for (const Slot& s : slots) score.push_back(p[s.index]);
     threshold = options_.sampler_threshold;
