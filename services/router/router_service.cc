@@ -18,11 +18,9 @@ namespace tandem {
 
 namespace {
 
-// Whether a request needs the target's AR rows, which only lossless modes compute.
-bool NeedsLossless(const v1::GenerateRequest& request) {
-  const std::string& format = request.response_format().type();
-  return request.logprobs() || !(format.empty() || format == "text");
-}
+// Whether a request needs the target's AR log-probabilities, which only lossless modes compute
+// (structured output holds in every mode).
+bool NeedsLossless(const v1::GenerateRequest& request) { return request.logprobs(); }
 
 uint64_t NewSeed() {
   thread_local std::mt19937_64 generator{std::random_device{}()};

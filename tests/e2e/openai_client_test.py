@@ -3,7 +3,7 @@
 
 Completions and chat, whole and streamed, the model list, penalties and logit bias (lossless
 modes exact with them), logprobs (both shapes, every lossless mode AR's), echo (scoring a prompt),
-JSON mode, json_schema (valid in every lossless mode), tool calls (parsed, whole and streamed), n
+JSON mode, json_schema (valid in every mode, AR's in every lossless one), tool calls (parsed, whole and streamed), n
 choices and best_of, and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
 the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
 
@@ -29,6 +29,8 @@ ARGS = None
 KEY = "e2e-key"
 # Every lossless mode the bundled models serve.
 LOSSLESS_MODES = ("ar", "spec", "jacobi", "self_spec", "self_spec_quadratic", "isd")
+# The lossy modes the bundled target serves with its default options.
+LOSSY_MODES = ("diffusion", "simsd", "nsp")
 RATING = {"type": "object",
           "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]},
                          "score": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -282,12 +284,22 @@ class OpenAIClientTest(unittest.TestCase):
                 model=MODEL, messages=messages, max_tokens=4,
                 response_format={"type": "json_schema", "json_schema": {"name": "x"}})
         self.assertEqual(caught.exception.param, "response_format.json_schema.schema")
-        with self.assertRaises(openai.BadRequestError) as caught:
-            self.client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=4, extra_body={"mode": "diffusion"},
-                response_format={"type": "json_schema",
-                                 "json_schema": {"name": "x", "schema": RATING}})
-        self.assertIn("lossless", caught.exception.message)
+
+    def test_json_schema_validates_in_the_lossy_modes(self):
+        messages = [{"role": "user", "content": "Rate the weather as JSON."}]
+        for mode in LOSSY_MODES:
+            for temperature in (0, 0.8):
+                response = self.client.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=400, temperature=temperature,
+                    seed=7, response_format={"type": "json_schema",
+                                             "json_schema": {"name": "rating", "schema": RATING,
+                                                             "strict": True}},
+                    extra_body={"mode": mode})
+                choice = response.choices[0]
+                self.assertEqual(response.model_extra["tandem"], {"mode": mode, "lossy": True})
+                self.assertEqual(choice.finish_reason, "stop",
+                                 f"{mode}: {choice.message.content!r}")
+                jsonschema.validate(json.loads(choice.message.content), RATING)
 
     def test_tools_return_parsed_calls(self):
         messages = [{"role": "user", "content": "What is the weather in Paris?"}]

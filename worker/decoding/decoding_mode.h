@@ -22,6 +22,18 @@ namespace tandem {
 
 struct DrafterStats;
 
+// A constraint on the text a sequence may gain (structured output, worker/sampling/grammar.h).
+// The driver masks every output row whose context is final (the sequence, then drafts on the
+// row's path) before a mode sees it; a mode that picks tokens from other rows (a masked slot
+// whose left neighbours are still masks, a block's later rows) asks the constraint itself.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Sets to -inf each logit of `row` that may not follow the sequence's generated tokens and
+  // then `then`. False, `row` untouched, when the constraint refuses `then` itself.
+  virtual bool MaskAfter(std::span<const int32_t> then, std::span<float> row) = 0;
+};
+
 // What a mode sees of its sequence.
 struct DecodeState {
   std::span<const int32_t> tokens;  // prompt + generated tokens, all final
@@ -29,6 +41,9 @@ struct DecodeState {
   int kv_len = 0;  // leading tokens whose KV is committed
   int budget = 0;  // most tokens the sequence may still gain (> 0)
   const SamplingParams* sampling = nullptr;
+  // Null without one. Every token a mode appends must be one the constraint allows; modes whose
+  // tokens come only from rows with final context (every lossless mode) need not read it.
+  TokenConstraint* constraint = nullptr;
 
   int pending() const { return static_cast<int>(tokens.size()) - kv_len; }
 };

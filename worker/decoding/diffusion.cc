@@ -51,6 +51,45 @@ int DiffusionMode::FinishedLength() const {
   return static_cast<int>(block_.size());
 }
 
+void DiffusionMode::Unmask(const DecodeState& state, const Slot& slot) {
+  block_[slot.index] =
+      SampleToken(slot.logits, *state.sampling, static_cast<uint64_t>(block_start_ + slot.index));
+  masked_[slot.index] = 0;
+}
+
+void DiffusionMode::UnmaskByScore(const DecodeState& state, float threshold,
+                                  std::span<const Slot> slots) {
+  // The most confident slot is always unmasked (the serial step), and with it every slot whose
+  // score reaches the threshold.
+  const Slot* best = &slots[0];
+  for (const Slot& s : slots) {
+    if (s.confidence > best->confidence) best = &s;
+  }
+  for (const Slot& s : slots) {
+    if (s.score >= threshold || &s == best) Unmask(state, s);
+  }
+}
+
+void DiffusionMode::UnmaskInOrder(const DecodeState& state, float threshold,
+                                  std::span<Slot> slots) {
+  // The block is its unmasked prefix then masks, so the slots come in block order from the
+  // first masked one. Each row is masked to what the constraint allows after the block so far;
+  // without a sampler its score is the confidence among those tokens.
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot& s = slots[i];
+    if (s.index != slots[0].index + static_cast<int>(i)) break;
+    const std::span<const int32_t> before(block_.data(), static_cast<size_t>(s.index));
+    // A refused prefix cannot come from this loop; the first slot is still unmasked so the
+    // step makes progress, and the engine's check of the step's tokens reports it.
+    if (!state.constraint->MaskAfter(before, s.logits) && i > 0) break;
+    if (options_.sampler == nullptr)
+      s.score = PredictSlot(s.logits, options_.mask_token).confidence;
+    if (i > 0 && s.score < threshold) break;
+    Unmask(state, s);
+    if (IsEos(block_[s.index])) break;
+  }
+}
+
 StepPlan DiffusionMode::Plan(const DecodeState& state) {
   StepPlan plan;
   AppendPending(state, &plan);
@@ -97,11 +136,6 @@ absl::StatusOr<StepResult> DiffusionMode::Consume(const DecodeState& state, cons
   // Confidence of each masked slot: top-1 probability of softmax(logits) (the temperature
   // only shapes the draw, not which slots are ready). <|mask|> itself is never a prediction,
   // so an unmasked slot always holds a real token.
-  struct Slot {
-    int index;
-    float confidence;
-    std::vector<float> logits;
-  };
   std::vector<Slot> slots;
   std::vector<SlotSummary> summaries;  // with a sampler: its input, whose prob[0] is the confidence
   for (size_t r = 0; r < plan.outputs.size(); ++r) {
@@ -115,31 +149,22 @@ absl::StatusOr<StepResult> DiffusionMode::Consume(const DecodeState& state, cons
     }
     std::vector<float> logits(row.begin(), row.end());
     logits[options_.mask_token] = -std::numeric_limits<float>::infinity();
-    slots.push_back({plan.outputs[r] - pending, confidence, std::move(logits)});
+    slots.push_back({plan.outputs[r] - pending, confidence, 0.0f, std::move(logits)});
   }
   if (slots.empty()) return absl::InternalError("diffusion: no masked slot in the block");
-  // The most confident slot is always unmasked (the serial step), and with it every slot whose
-  // score reaches the threshold: its confidence, or the trained sampler's probability.
-  std::vector<float> score;
+  // Each slot's score: its confidence, or the trained sampler's probability.
   float threshold = options_.threshold;
   if (options_.sampler != nullptr) {
     TANDEM_ASSIGN_OR_RETURN(std::vector<float> p, options_.sampler->Score(block_, summaries));
-    for (const Slot& s : slots) score.push_back(p[s.index]);
+    for (Slot& s : slots) s.score = p[s.index];
     threshold = options_.sampler_threshold;
   } else {
-    for (const Slot& s : slots) score.push_back(s.confidence);
+    for (Slot& s : slots) s.score = s.confidence;
   }
-  const Slot* best = &slots[0];
-  for (const Slot& s : slots) {
-    if (s.confidence > best->confidence) best = &s;
-  }
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const Slot& s = slots[i];
-    if (score[i] >= threshold || &s == best) {
-      block_[s.index] =
-          SampleToken(s.logits, *state.sampling, static_cast<uint64_t>(block_start_ + s.index));
-      masked_[s.index] = 0;
-    }
+  if (state.constraint != nullptr) {
+    UnmaskInOrder(state, threshold, slots);
+  } else {
+    UnmaskByScore(state, threshold, slots);
   }
   const int finished = FinishedLength();
   if (finished > 0) {

@@ -21,10 +21,18 @@
 // confident one (the serial step) and every slot whose sampler probability of being final
 // reaches sampler_threshold.
 //
+// Under a constraint (structured output, DecodeState::constraint) a block fills left to right:
+// a masked slot's row attends to masks on both sides, so only the leftmost masked slot has its
+// final left context. Each step unmasks that slot, then each next one while its score reaches
+// the threshold, every one drawn from its row masked to what the constraint allows after the
+// block so far (without a sampler the score is the confidence among those tokens). The text is
+// then one the constraint accepts, at up to as many tokens per forward as the scores allow.
+//
 // A block ends early once an end-of-sequence token is unmasked with every slot before it
 // unmasked; the slots after it are dropped.
 #pragma once
 
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -62,7 +70,21 @@ class DiffusionMode : public DecodingMode {
                                      const ExtendOutput& out) override;
 
  private:
+  // A masked slot's prediction in this step.
+  struct Slot {
+    int index;                  // in the block
+    float confidence;           // top-1 probability, <|mask|> excluded
+    float score;                // what the threshold is compared with
+    std::vector<float> logits;  // the row, <|mask|> at -inf
+  };
+
   bool IsEos(int32_t token) const;
+  // Draws `slot`'s token from its logits and unmasks it.
+  void Unmask(const DecodeState& state, const Slot& slot);
+  // The most confident slot and every slot whose score reaches `threshold`.
+  void UnmaskByScore(const DecodeState& state, float threshold, std::span<const Slot> slots);
+  // Under a constraint: left to right (see above).
+  void UnmaskInOrder(const DecodeState& state, float threshold, std::span<Slot> slots);
   // Slots of the current block that end it: all of them, or up to the first unmasked
   // end-of-sequence token when every slot before it is unmasked; 0 while it is not finished.
   int FinishedLength() const;

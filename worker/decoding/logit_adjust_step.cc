@@ -12,6 +12,18 @@ void ReturnLogits(StepPlan* plan) {
   plan->return_logits = true;
 }
 
+bool GrammarConstraint::Accepts(std::span<const int32_t> then) {
+  const std::span<const int32_t> generated =
+      std::span<const int32_t>(*tokens_).subspan(static_cast<size_t>(prompt_len_));
+  return cursor_->MoveTo(generated, then);
+}
+
+bool GrammarConstraint::MaskAfter(std::span<const int32_t> then, std::span<float> row) {
+  if (!Accepts(then)) return false;
+  cursor_->Mask(row);
+  return true;
+}
+
 absl::Status AdjustStepLogits(const LogitAdjust& adjust, const DecodeState& state,
                               const StepPlan& plan, int vocab_size, TokenHistory* history,
                               GrammarCursor* grammar, ExtendOutput* out) {

@@ -6,6 +6,10 @@
 // decode would have had at that position, and a lossless mode stays exact.
 #pragma once
 
+#include <cstdint>
+#include <span>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "worker/decoding/decoding_mode.h"
 #include "worker/sampling/grammar.h"
@@ -22,6 +26,23 @@ void ReturnLogits(StepPlan* plan);
 // each row to what the grammar allows after the row's generated context; a row whose context
 // the grammar refuses (a path past a draft that a grammar-masked row rejects) is not masked, as
 // no accepted path reaches it. Internal when `out` lacks logits for the plan's outputs.
+// A sequence's grammar as a mode's TokenConstraint: `tokens` is the sequence's token vector (its
+// prompt's `prompt_len` tokens first), read at each call; both must outlive the constraint.
+class GrammarConstraint final : public TokenConstraint {
+ public:
+  GrammarConstraint(GrammarCursor* cursor, const std::vector<int32_t>* tokens, int prompt_len)
+      : cursor_(cursor), tokens_(tokens), prompt_len_(prompt_len) {}
+
+  bool MaskAfter(std::span<const int32_t> then, std::span<float> row) override;
+  // Whether the grammar accepts `then` after the sequence's generated tokens.
+  bool Accepts(std::span<const int32_t> then);
+
+ private:
+  GrammarCursor* cursor_;
+  const std::vector<int32_t>* tokens_;
+  int prompt_len_;
+};
+
 absl::Status AdjustStepLogits(const LogitAdjust& adjust, const DecodeState& state,
                               const StepPlan& plan, int vocab_size, TokenHistory* history,
                               GrammarCursor* grammar, ExtendOutput* out);

@@ -124,11 +124,15 @@ absl::StatusOr<StepResult> NspMode::ConsumePrefix(const DecodeState& state, cons
     row_.assign(row.begin(), row.end());
     // <|mask|> is never a prediction.
     row_[options_.mask_token] = -std::numeric_limits<float>::infinity();
+    // Under a constraint each row is masked to what it allows after the block's tokens so far:
+    // the driver masked only row 0, the one whose context is final.
+    if (state.constraint != nullptr && !state.constraint->MaskAfter(tokens, row_) && k > 0) break;
     const int32_t token = SampleToken(row_, *state.sampling, length + k);
     tokens.push_back(token);
     confidences.push_back(NspTokenConfidence(row_, token, options_.confidence));
   }
   int take = LongestConfidentPrefix(confidences, options_.tau);
+  take = std::min(take, static_cast<int>(tokens.size()));
   take = std::min(take, state.budget);
   for (int k = 0; k < take; ++k) {
     result.append.push_back(tokens[k]);

@@ -15,6 +15,8 @@
 //    block's tokens whose product of confidences is >= tau, and at least one token (eq. 7).
 //    Confidence is the decoded token's softmax probability (eq. 8) or entropy-normalised,
 //    1 - H(p) / log |V| (eq. 9). The output is the block pathway's, not the AR distribution.
+//    Under a constraint (structured output) row k is masked to what the constraint allows after
+//    the block's first k tokens before its token is drawn, so the prefix kept is one it accepts.
 //  * Self-speculative (verify = true), LOSSLESS: the block's D tokens are drafts that the
 //    causal (AR) pathway verifies, as in linear self-speculation. The draft forward also
 //    returns the last pending row, the AR prediction v0 of x[T], which checks the first draft

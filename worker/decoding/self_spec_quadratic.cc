@@ -117,11 +117,14 @@ std::span<const float> SelfSpecQuadraticMode::VerifierLogits(const ExtendOutput&
   Softmax(ar, &p_ar);
   Softmax(LogitsRow(out, layout_.group_rows[a], vocab_size_), &p_diff);
   // Log-probabilities of the mixture serve as logits, so temperature, top-k and top-p apply
-  // to the ensemble exactly as they would to a model's logits.
+  // to the ensemble exactly as they would to a model's logits. A token the AR row rules out
+  // (-inf: a grammar's mask, a stop token min_tokens holds back) stays out: the diffusion row's
+  // context holds masks, so the driver could not mask it.
   mixed_.resize(vocab_size_);
   const double lambda = options_.lambda;
   for (int v = 0; v < vocab_size_; ++v) {
-    const double p = (1 - lambda) * p_ar[v] + lambda * p_diff[v];
+    const bool allowed = ar[v] != -std::numeric_limits<float>::infinity();
+    const double p = allowed ? (1 - lambda) * p_ar[v] + lambda * p_diff[v] : 0.0;
     mixed_[v] = p > 0 ? static_cast<float>(std::log(p)) : -std::numeric_limits<float>::max();
   }
   return mixed_;

@@ -41,6 +41,11 @@ bool SimSdMode::IsEos(int32_t token) const {
          options_.eos_tokens.end();
 }
 
+int SimSdMode::FirstMasked() const {
+  const auto it = std::find(masked_.begin(), masked_.end(), static_cast<uint8_t>(1));
+  return static_cast<int>(it - masked_.begin());
+}
+
 int SimSdMode::FinishedLength() const {
   for (size_t i = 0; i < block_.size(); ++i) {
     if (masked_[i]) return 0;
@@ -80,10 +85,12 @@ StepPlan SimSdMode::Plan(const DecodeState& state) {
       // Drafts stop at the first entry that is no draft of an undecoded slot of this block.
       const int n = std::min(draft->size(), static_cast<int>(draft->slots.size()));
       std::vector<uint8_t> taken(size, 0);
+      const int first = FirstMasked();
       for (int r = 0; r < n && static_cast<int>(drafts_.size()) < gamma; ++r) {
         const int32_t slot = draft->slots[r];
         const int32_t token = draft->tokens[r];
         if (slot < 0 || slot >= size || !masked_[slot] || taken[slot]) break;
+        if (state.constraint != nullptr && slot != first + r) break;  // left to right
         if (token < 0 || token >= vocab_size_ || token == options_.mask_token) break;
         taken[slot] = 1;
         drafts_.push_back(token);
@@ -222,6 +229,11 @@ absl::StatusOr<StepResult> SimSdMode::ConsumeSpeculative(const DecodeState& stat
     // <|mask|> is never a prediction: p^(r) is over real tokens.
     row[options_.mask_token] = -std::numeric_limits<float>::infinity();
     const int slot = draft_slots_[r];
+    // Under a constraint the drafts' slots run left to right from the decoded prefix: the
+    // block before `slot` is final text.
+    if (state.constraint != nullptr) {
+      state.constraint->MaskAfter({block_.data(), static_cast<size_t>(slot)}, row);
+    }
     bool ok = false;
     const int32_t token = VerifyDraft(row, drafts_[r], *state.sampling,
                                       static_cast<uint64_t>(block_start_ + slot), &ok, &scratch);
@@ -243,6 +255,7 @@ absl::StatusOr<StepResult> SimSdMode::ConsumeCompletion(const DecodeState& state
                                                         const ExtendOutput& out,
                                                         StepResult result) {
   const int pending = state.pending();
+  if (state.constraint != nullptr) return CompleteInOrder(state, plan, out, std::move(result));
   // Confidence of each masked slot: top-1 probability of softmax(logits) without <|mask|>; the
   // temperature only shapes the draw, not which slots are ready.
   int best = -1;
@@ -267,6 +280,34 @@ absl::StatusOr<StepResult> SimSdMode::ConsumeCompletion(const DecodeState& state
     const int slot = plan.outputs[r] - pending;
     block_[slot] = SampleToken(row, *state.sampling, static_cast<uint64_t>(block_start_ + slot));
     masked_[slot] = 0;
+  }
+  ++stats_.completion_steps;
+  return result;
+}
+
+// Under a constraint: the first undecoded slot, then each next one while its confidence among
+// the tokens the constraint allows reaches the threshold (the block is a decoded prefix, then
+// undecoded slots, so the outputs come in slot order from the first undecoded one).
+absl::StatusOr<StepResult> SimSdMode::CompleteInOrder(const DecodeState& state,
+                                                      const StepPlan& plan, const ExtendOutput& out,
+                                                      StepResult result) {
+  const int pending = state.pending();
+  std::vector<float> row;
+  for (size_t r = 0; r < plan.outputs.size(); ++r) {
+    const int slot = plan.outputs[r] - pending;
+    if (slot != plan.outputs[0] - pending + static_cast<int>(r)) break;
+    const std::span<const float> logits = LogitsRow(out, static_cast<int>(r), vocab_size_);
+    row.assign(logits.begin(), logits.end());
+    row[options_.mask_token] = -std::numeric_limits<float>::infinity();
+    // The first slot is decoded even if the constraint refused the prefix (it cannot): the
+    // step makes progress and the engine's check of the appended tokens reports it.
+    if (!state.constraint->MaskAfter({block_.data(), static_cast<size_t>(slot)}, row) && r > 0) {
+      break;
+    }
+    if (r > 0 && SlotConfidence(row, options_.mask_token) < options_.threshold) break;
+    block_[slot] = SampleToken(row, *state.sampling, static_cast<uint64_t>(block_start_ + slot));
+    masked_[slot] = 0;
+    if (IsEos(block_[slot])) break;
   }
   ++stats_.completion_steps;
   return result;

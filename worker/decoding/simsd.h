@@ -34,6 +34,13 @@
 // block takes one speculative step and, unless every draft is accepted, completion steps for
 // the rest.
 //
+// Under a constraint (structured output, DecodeState::constraint) a block fills left to right,
+// as `diffusion` does: drafts count only while their slots continue the decoded prefix in order
+// (the first out-of-order draft and those after it are dropped), each verification row is
+// masked to what the constraint allows after the slots before it, and a completion step
+// unmasks the first undecoded slot, then each next one while its confidence among the tokens
+// the constraint allows reaches `threshold`.
+//
 // What is exact: each verification slot's DIRECT attention (its visible set of (token,
 // position) entries) equals that of the sequential denoising step it stands for. Deeper layers
 // read keys that were computed in the same forward (data rows carry the state of their own
@@ -102,6 +109,8 @@ class SimSdMode : public DecodingMode {
  private:
   bool IsEos(int32_t token) const;
   int FinishedLength() const;
+  // The first undecoded slot of the block (its size when none).
+  int FirstMasked() const;
   // The verification layout of drafts_ / draft_slots_.
   void PlanSpeculative(int pending, StepPlan* plan);
   void PlanCompletion(int pending, StepPlan* plan);
@@ -109,6 +118,9 @@ class SimSdMode : public DecodingMode {
                                                 StepResult result);
   absl::StatusOr<StepResult> ConsumeCompletion(const DecodeState& state, const StepPlan& plan,
                                                const ExtendOutput& out, StepResult result);
+  // A completion step under a constraint: left to right.
+  absl::StatusOr<StepResult> CompleteInOrder(const DecodeState& state, const StepPlan& plan,
+                                             const ExtendOutput& out, StepResult result);
 
   SimSdOptions options_;
   std::unique_ptr<Drafter> drafter_;

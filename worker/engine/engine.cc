@@ -144,7 +144,8 @@ DecodeState Engine::Impl::StateOf(const EngineSequence& seq) const {
                      .prompt_len = seq.prompt_len,
                      .kv_len = seq.kv_len,
                      .budget = seq.budget(),
-                     .sampling = &seq.sampling};
+                     .sampling = &seq.sampling,
+                     .constraint = seq.constraint.get()};
 }
 
 // Whether the sequence's next extend is the mode's (not an engine prefill chunk), assuming the

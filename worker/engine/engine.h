@@ -95,12 +95,13 @@ struct SequenceRequest {
   bool logprobs = false;
   int top_logprobs = 0;
   // Stream the prompt's tokens first (SequenceEvent::prompt_logprobs), with the logprob of each
-  // but the first (and `top_logprobs` alternatives when `logprobs`). Lossless modes only; allows
-  // max_tokens 0 (score a prompt without generating).
+  // but the first (and `top_logprobs` alternatives when `logprobs`). Any mode (the prompt's rows
+  // are the target's AR rows in every mode); allows max_tokens 0 (score a prompt without
+  // generating).
   bool echo = false;
   // Structured output (response_format json_object / json_schema, tool calls): the completion
   // is constrained to the grammar (worker/sampling/grammar.h), and a stop token ends it only
-  // where the text is a whole match. Lossless modes only.
+  // where the text is a whole match. Any mode (DecodeState::constraint for the lossy ones).
   std::optional<GrammarSpec> grammar;
   std::string drafter;  // drafter address for `spec`; "" = the engine's default
   absl::Time deadline = absl::InfiniteFuture();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "worker/decoding/decoding_mode.h"
+#include "worker/decoding/logit_adjust_step.h"
 #include "worker/engine/actor_mailbox.h"
 #include "worker/engine/chain_drafter.h"
 #include "worker/engine/engine.h"
@@ -42,6 +43,9 @@ struct EngineSequence {
   TokenHistory history;  // the counts `adjust` reads
   std::unique_ptr<GrammarCursor> grammar;   // structured output: where the text stands in it
   std::optional<GrammarSpec> grammar_spec;  // and its spec, for the drafter
+  // The grammar as the mode's constraint (DecodeState::constraint), and the check of what each
+  // step appends.
+  std::unique_ptr<GrammarConstraint> constraint;
   int top_logprobs = -1;  // >= 0: each token's logprob and this many alternatives are streamed
   bool echo = false;      // the prompt's tokens and logprobs are streamed first
   int echoed = 0;         // prompt tokens streamed so far (a recomputed prompt is not resent)

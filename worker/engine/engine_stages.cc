@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "worker/engine/engine_impl.h"
 
 namespace tandem {
@@ -90,6 +91,13 @@ Emitted AppendTokens(EngineSequence& s, std::span<const int32_t> append) {
       emitted.finish = FinishReason::kLength;
       break;
     }
+  }
+  // Every mode draws its tokens from rows masked by the grammar; a token it refuses would be
+  // a mode's bug, and ends the sequence rather than break the response format.
+  if (s.constraint != nullptr && emitted.error.ok() && !emitted.tokens.empty() &&
+      !s.constraint->Accepts({})) {
+    emitted.error = absl::InternalError(
+        absl::StrCat("mode ", s.mode_name, " gave a token the response format's grammar refuses"));
   }
   return emitted;
 }

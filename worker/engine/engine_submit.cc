@@ -92,11 +92,6 @@ absl::StatusOr<uint64_t> Engine::Impl::Submit(SequenceRequest request,
     }
     seq->top_logprobs = request.top_logprobs;
   }
-  if (request.grammar.has_value() && !seq->lossless) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("structured output constrains the target's AR rows, which mode ",
-                     seq->mode_name, " (lossy) does not sample from; ask for a lossless mode"));
-  }
   // The prompt's rows are the target's AR rows in every mode: echo needs no lossless mode.
   seq->echo = request.echo;
   seq->sampling = request.sampling;
@@ -181,6 +176,8 @@ absl::Status Engine::Impl::SetUpStops(EngineSequence& seq, const SequenceRequest
     }
     TANDEM_ASSIGN_OR_RETURN(seq.adjust.grammar, Grammars().Compile(*request.grammar));
     seq.grammar = std::make_unique<GrammarCursor>(seq.adjust.grammar, stop.stop_token_ids);
+    seq.constraint =
+        std::make_unique<GrammarConstraint>(seq.grammar.get(), &seq.tokens, seq.prompt_len);
     seq.grammar_spec = request.grammar;
   }
   seq.checker = std::make_unique<StopChecker>(std::move(stop));

@@ -165,9 +165,8 @@ class EngineLogitsTest : public testing::BundledModelTest {
     return lossless;
   }
 
-  // Structured output over every lossless mode: each gives AR's constrained tokens, the text is
-  // one the grammar accepts (checked by a cursor of the test's own), and a completion the stop
-  // token ended is whole JSON, which `valid` checks. Returns how many completions were whole.
+  // Structured output over every lossless mode: each gives AR's constrained tokens, and each
+  // completion passes CountWhole. Returns how many completions were whole.
   int CheckStructured(Engine& engine, const GrammarSpec& spec, const LogitAdjust& adjust,
                       int max_tokens, const std::function<void(const nlohmann::json&)>& valid) {
     std::vector<SequenceRequest> requests;
@@ -180,6 +179,19 @@ class EngineLogitsTest : public testing::BundledModelTest {
       }
     }
     const auto sinks = Submit(engine, requests);
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      const int p = static_cast<int>(i) % kPrompts;
+      EXPECT_EQ(sinks[i]->tokens(), sinks[p]->tokens())  // the first kPrompts are ar's
+          << requests[i].mode << " prompt " << p;
+    }
+    return CountWhole(spec, requests, sinks, valid);
+  }
+
+  // Each completion is text the grammar accepts (checked by a cursor of the test's own), and
+  // one the stop token ended is whole JSON, which `valid` checks. Returns how many were whole.
+  static int CountWhole(const GrammarSpec& spec, const std::vector<SequenceRequest>& requests,
+                        const std::vector<std::shared_ptr<CollectingSink>>& sinks,
+                        const std::function<void(const nlohmann::json&)>& valid) {
     const int vocab = model_->model->config().vocab_size;
     const std::vector<int32_t> eos = model_->model->config().eos_token_ids;
     GrammarCompiler compiler(GrammarTokenBytes(*model_->tokenizer, vocab), vocab, eos);
@@ -188,9 +200,7 @@ class EngineLogitsTest : public testing::BundledModelTest {
     if (!grammar.ok()) return 0;
     int whole = 0;
     for (size_t i = 0; i < sinks.size(); ++i) {
-      const int p = static_cast<int>(i) % kPrompts;
-      SCOPED_TRACE(requests[i].mode + " prompt " + std::to_string(p));
-      EXPECT_EQ(sinks[i]->tokens(), sinks[p]->tokens());  // the first kPrompts are ar's
+      SCOPED_TRACE(requests[i].mode + " request " + std::to_string(i));
       std::vector<int32_t> text_tokens = sinks[i]->tokens();
       const bool stopped = sinks[i]->finish() == FinishReason::kStop;
       if (stopped && !text_tokens.empty()) text_tokens.pop_back();
@@ -204,6 +214,26 @@ class EngineLogitsTest : public testing::BundledModelTest {
       ++whole;
     }
     return whole;
+  }
+
+  static const GrammarSpec& Schema() {
+    static const GrammarSpec schema{.kind = GrammarSpec::Kind::kJsonSchema, .text = R"({
+      "type": "object",
+      "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]},
+                     "n": {"type": "integer"}},
+      "required": ["ok", "level", "n"]})"};
+    return schema;
+  }
+
+  static void ValidatesAgainstSchema(const nlohmann::json& j) {
+    ASSERT_TRUE(j.is_object()) << j.dump();
+    EXPECT_EQ(j.size(), 3u) << j.dump();
+    EXPECT_TRUE(j.contains("ok") && j["ok"].is_boolean()) << j.dump();
+    EXPECT_TRUE(j.contains("level") && (j["level"] == "low" || j["level"] == "high")) << j.dump();
+    // An integer, as JSON Schema counts them: no fraction (a long one parses as a double).
+    EXPECT_TRUE(j.contains("n") && j["n"].is_number() &&
+                std::trunc(j["n"].get<double>()) == j["n"].get<double>())
+        << j.dump();
   }
 };
 
@@ -468,7 +498,7 @@ TEST_F(EngineLogitsTest, EchoStreamsThePromptsLogprobs) {
 }
 
 // JSON mode: every lossless mode gives AR's constrained output, which is a prefix of a JSON
-// object (and one, parsed, when the stop token ended it); lossy modes are refused.
+// object (and one, parsed, when the stop token ended it).
 TEST_F(EngineLogitsTest, JsonModeIsExactInEveryLosslessModeAndStaysJson) {
   auto engine = MakeEngine();
   ASSERT_NE(engine, nullptr);
@@ -493,15 +523,10 @@ TEST_F(EngineLogitsTest, JsonModeIsExactInEveryLosslessModeAndStaysJson) {
     EXPECT_EQ(closed[0]->text(), "{}") << mode;
   }
 
-  SequenceRequest lossy = Request("diffusion", 0, {});
-  lossy.grammar = object;
-  lossy.ignore_eos = false;
-  absl::StatusOr<uint64_t> id = engine->Submit(lossy, std::make_shared<CollectingSink>());
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   // Nothing could end the completion once the object closes.
   SequenceRequest endless = Request("ar", 0, {});
   endless.grammar = object;
-  id = engine->Submit(endless, std::make_shared<CollectingSink>());
+  absl::StatusOr<uint64_t> id = engine->Submit(endless, std::make_shared<CollectingSink>());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("stop_token_ids"), std::string::npos) << id.status();
   SequenceRequest held = Request("ar", 0, {.min_tokens = 4});
@@ -517,21 +542,7 @@ TEST_F(EngineLogitsTest, JsonModeIsExactInEveryLosslessModeAndStaysJson) {
 TEST_F(EngineLogitsTest, JsonSchemaIsExactInEveryLosslessModeAndValidates) {
   auto engine = MakeEngine();
   ASSERT_NE(engine, nullptr);
-  const GrammarSpec schema{.kind = GrammarSpec::Kind::kJsonSchema, .text = R"({
-      "type": "object",
-      "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]},
-                     "n": {"type": "integer"}},
-      "required": ["ok", "level", "n"]})"};
-  const int whole = CheckStructured(*engine, schema, Adjust(), 160, [](const nlohmann::json& j) {
-    ASSERT_TRUE(j.is_object()) << j.dump();
-    EXPECT_EQ(j.size(), 3u) << j.dump();
-    EXPECT_TRUE(j.contains("ok") && j["ok"].is_boolean()) << j.dump();
-    EXPECT_TRUE(j.contains("level") && (j["level"] == "low" || j["level"] == "high")) << j.dump();
-    // An integer, as JSON Schema counts them: no fraction (a long one parses as a double).
-    EXPECT_TRUE(j.contains("n") && j["n"].is_number() &&
-                std::trunc(j["n"].get<double>()) == j["n"].get<double>())
-        << j.dump();
-  });
+  const int whole = CheckStructured(*engine, Schema(), Adjust(), 160, ValidatesAgainstSchema);
   RecordProperty("complete_documents", whole);
   EXPECT_GT(whole, 0) << "no completion reached the end of the schema";
 
@@ -540,6 +551,53 @@ TEST_F(EngineLogitsTest, JsonSchemaIsExactInEveryLosslessModeAndValidates) {
   bad.grammar = GrammarSpec{.kind = GrammarSpec::Kind::kJsonSchema, .text = R"({"type": 5})"};
   absl::StatusOr<uint64_t> id = engine->Submit(bad, std::make_shared<CollectingSink>());
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
+}
+
+// The lossy modes under a JSON schema, greedy and sampled: each draws every token from a row
+// masked for the text before it, so every completion is text the grammar accepts and one the
+// stop token ended validates.
+TEST_F(EngineLogitsTest, JsonSchemaHoldsInEveryLossyMode) {
+  auto engine = MakeEngine();
+  ASSERT_NE(engine, nullptr);
+  struct Variant {
+    std::string mode;
+    std::function<void(ModeOptions&)> set;
+  };
+  std::vector<Variant> variants = {
+      {"diffusion", [](ModeOptions&) {}},
+      {"diffusion", [](ModeOptions& o) { o.diffusion_threshold = 0.3f; }},
+      {"simsd", [](ModeOptions&) {}},
+      {"nsp", [](ModeOptions& o) { o.nsp_tau = 0.3f; }},
+      {"isd", [](ModeOptions& o) { o.isd_tau = 0.5f; }},
+      {"isd",
+       [](ModeOptions& o) {
+         o.isd_tau = 0.5f;
+         o.isd_argmax_proposals = false;
+       }},
+      {"self_spec_quadratic", [](ModeOptions& o) { o.quadratic_lambda = 0.5f; }},
+  };
+  if (model_->sampler != nullptr) {
+    variants.push_back({"diffusion", [](ModeOptions& o) { o.diffusion_sampler = 0.3f; }});
+  }
+  std::vector<SequenceRequest> requests;
+  for (const Variant& v : variants) {
+    for (int p = 0; p < kPrompts / 2; ++p) {
+      for (const float temperature : {0.0f, 0.8f}) {
+        SequenceRequest r = Request(v.mode, p, {});
+        v.set(r.mode_options);
+        r.grammar = Schema();
+        r.max_tokens = 160;
+        r.ignore_eos = false;
+        r.sampling.temperature = temperature;
+        r.sampling.seed = 7 + p;
+        requests.push_back(std::move(r));
+      }
+    }
+  }
+  const auto sinks = Submit(*engine, requests);
+  const int whole = CountWhole(Schema(), requests, sinks, ValidatesAgainstSchema);
+  RecordProperty("complete_documents", whole);
+  EXPECT_GT(whole, 0) << "no completion reached the end of the schema";
 }
 
 }  // namespace
