@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "httplib.h"
+#include "services/router/connection_watch.h"
 #include "services/router/http_openai.h"
 #include "services/router/http_tools.h"
 
@@ -112,6 +113,9 @@ class UpstreamCall {
     }
     return status_;
   }
+
+  // From any thread: ends the call, whose Read then returns false and Finish CANCELLED.
+  void Interrupt() { context_.TryCancel(); }
 
   void Cancel() {
     if (finished_) return;
@@ -234,8 +238,11 @@ struct SseStream {
 
 class Handlers {
  public:
-  Handlers(const HttpFrontOptions* options, v1::Generation::Stub* stub)
-      : options_(options), stub_(stub), created_(static_cast<int64_t>(std::time(nullptr))) {}
+  Handlers(const HttpFrontOptions* options, v1::Generation::Stub* stub, ConnectionWatch* watch)
+      : options_(options),
+        stub_(stub),
+        watch_(watch),
+        created_(static_cast<int64_t>(std::time(nullptr))) {}
 
   // False (and the 401 written) when API keys are on and the request carries none of them.
   bool Authorize(const httplib::Request& req, httplib::Response& res) const {
@@ -333,6 +340,9 @@ class Handlers {
       if (parsed->best_of > 1) choice.set_request_id(absl::StrCat(meta.id, "-", i));
       calls.push_back(std::make_unique<UpstreamCall>(*stub_, choice, authorization));
     }
+    // A client that hangs up while it waits (queued, or for a whole response) cancels the calls;
+    // a stream's calls, once moved to its content provider, end at its first failed write.
+    const std::unique_ptr<ConnectionWatch::Watched> watched = WatchClient(req, calls);
     // The first messages decide the status line: an error before any output is an HTTP error.
     std::vector<std::optional<v1::GenerateResponse>> firsts(calls.size());
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -383,8 +393,20 @@ class Handlers {
   }
 
  private:
+  // Null when the connection's socket is not found (then the response's write notices).
+  std::unique_ptr<ConnectionWatch::Watched> WatchClient(
+      const httplib::Request& req, const std::vector<std::unique_ptr<UpstreamCall>>& calls) const {
+    const int fd =
+        FindConnectionSocket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    if (fd < 0) return nullptr;
+    return watch_->Watch(fd, [&calls] {
+      for (const auto& call : calls) call->Interrupt();
+    });
+  }
+
   const HttpFrontOptions* options_;
   v1::Generation::Stub* stub_;
+  ConnectionWatch* watch_;
   const int64_t created_;  // the `created` of every model in /v1/models
 };
 
@@ -416,13 +438,17 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   absl::StatusOr<std::pair<std::string, int>> host_port = SplitHostPort(options.listen);
   if (!host_port.ok()) return host_port.status();
   std::unique_ptr<HttpFront> front(new HttpFront(std::move(options), std::move(channel)));
+  absl::StatusOr<std::unique_ptr<ConnectionWatch>> watch = ConnectionWatch::Create();
+  if (!watch.ok()) return watch.status();
+  front->watch_ = *std::move(watch);
   httplib::Server& server = *front->server_;
   const size_t max_connections = static_cast<size_t>(std::max(1, front->options_.max_connections));
   server.new_task_queue = [max_connections] { return new ConnectionThreads(max_connections); };
   server.set_payload_max_length(kMaxBodyBytes);
 
   // The handlers share the front's options and stub, which outlive the server's threads.
-  auto handlers = std::make_shared<Handlers>(&front->options_, front->stub_.get());
+  auto handlers =
+      std::make_shared<Handlers>(&front->options_, front->stub_.get(), front->watch_.get());
   server.Post("/v1/completions", [handlers](const httplib::Request& req, httplib::Response& res) {
     handlers->Generate(http::Api::kCompletions, req, res);
   });

@@ -8,9 +8,10 @@
 // header is forwarded as gRPC metadata). gRPC status codes become HTTP statuses
 // (http::HttpStatusFor). An error before the first token is an HTTP error; once a stream has
 // started (200 sent), an error arrives as a `data: {"error": ...}` event and the stream ends
-// without [DONE], as OpenAI does. A streaming client that goes away cancels its upstream call at
-// the next chunk; a non-streaming one is noticed only when its response is written (cpp-httplib
-// 0.11 exposes no connection state to handlers), so its generation runs to max_tokens.
+// without [DONE], as OpenAI does. A client that goes away cancels its upstream calls: while its
+// handler waits (queued, or for a whole response) through a ConnectionWatch on its socket
+// (connection_watch.h: cpp-httplib 0.11 exposes no connection state to handlers), and once a
+// stream has started at its next chunk's failed write.
 //
 // Connections: each is served on a thread of its own while it lasts (threads are started as
 // connections arrive and kept for the next ones), up to `max_connections` at once; more wait for
@@ -37,6 +38,8 @@ class Server;
 }
 
 namespace tandem {
+
+class ConnectionWatch;
 
 struct HttpFrontOptions {
   std::string listen;  // HOST:PORT; port 0 = chosen by the OS
@@ -70,6 +73,7 @@ class HttpFront {
   HttpFrontOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Generation::Stub> stub_;
+  std::unique_ptr<ConnectionWatch> watch_;  // outlives the server's handlers
   std::unique_ptr<httplib::Server> server_;
   std::thread listener_;
   std::string address_;

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
@@ -49,6 +50,7 @@ class ScriptedGeneration final : public v1::Generation::Service {
     }
     v1::GenerateResponse message;
     if (prompt == "slow") {
+      slow_started_ = true;
       while (!context->IsCancelled()) {
         message.set_text("x");
         if (!writer->Write(message)) break;
@@ -90,6 +92,7 @@ class ScriptedGeneration final : public v1::Generation::Service {
     absl::MutexLock lock(&mu_);
     return last_authorization_;
   }
+  std::atomic<bool> slow_started_{false};
   std::atomic<bool> slow_cancelled_{false};
 
  private:
@@ -144,6 +147,30 @@ class HttpFrontTest : public ::testing::Test {
       events.push_back(json::parse(data));
     }
     return events;
+  }
+
+  // A connected socket to the front.
+  int Connect() {
+    const std::string& address = front_->address();
+    int port = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_GE(fd, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+    return fd;
+  }
+
+  // Waits up to 10 s for `flag`.
+  static bool WaitFor(const std::atomic<bool>& flag) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!flag && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return flag;
   }
 
   ScriptedGeneration service_;
@@ -357,11 +384,29 @@ TEST_F(HttpFrontTest, ClientThatGoesAwayCancelsTheUpstreamCall) {
   httplib::Error error = httplib::Error::Success;
   client_->send(request, response, error);
   EXPECT_GE(chunks, 3);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!service_.slow_cancelled_ && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_TRUE(service_.slow_cancelled_);
+  EXPECT_TRUE(WaitFor(service_.slow_cancelled_));
+}
+
+// A non-streaming client that hangs up while its completion is generated cancels the upstream
+// call. Before, cpp-httplib noticed only when it wrote the response, so the generation ran to
+// max_tokens.
+TEST_F(HttpFrontTest, NonStreamingClientThatGoesAwayCancelsTheUpstreamCall) {
+  Start();
+  const int fd = Connect();
+  const std::string body = R"({"prompt": "slow"})";
+  const std::string request =
+      absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+                   "Content-Length: ", body.size(), "\r\n\r\n", body);
+  ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(WaitFor(service_.slow_started_));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(service_.slow_cancelled_);  // the client still waits
+  close(fd);
+  EXPECT_TRUE(WaitFor(service_.slow_cancelled_));
+  // The front serves on.
+  auto whole = Post("/v1/completions", R"({"prompt": "hi"})");
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(whole->status, 200) << whole->body;
 }
 
 // Slow clients (issue: a few hundred connections sending their request a byte a second held
@@ -375,13 +420,7 @@ TEST_F(HttpFrontTest, HalfSentRequestsDoNotBlockOtherClients) {
   ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
   std::vector<int> sockets;
   for (int i = 0; i < 32; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<uint16_t>(port));
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+    const int fd = Connect();
     const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
     ASSERT_EQ(send(fd, half.data(), half.size(), 0), static_cast<ssize_t>(half.size()));
     sockets.push_back(fd);
