@@ -141,6 +141,7 @@ std::vector<ModelDescription> VerifierPool::Models() const {
       if (inserted) {
         model.id = info.model;
         model.max_context = info.max_context;
+        model.tool_call_syntax = info.tool_call_syntax;
       } else {
         model.max_context = std::min(model.max_context, info.max_context);
       }

@@ -34,6 +34,7 @@ struct VerifierInfo {
   int max_context = 0;             // the model's context length in tokens
   std::string worker_id;           // changes when the process behind the address restarts
   std::string default_mode;        // its mode for "auto" requests; "" = not said
+  std::string tool_call_syntax;    // how its model writes tool calls; "" = not said (hermes)
 };
 
 // What a verifier's last load report said (WorkerLoad, converted).
@@ -62,6 +63,7 @@ struct ModelDescription {
   std::string id;
   std::vector<std::string> modes;
   int max_context = 0;
+  std::string tool_call_syntax;  // the first of its verifiers' (one checkpoint, one template)
 };
 
 class VerifierPool {

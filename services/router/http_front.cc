@@ -221,7 +221,7 @@ struct SseStream {
       role_sent = false;
       text_offset = 0;
       finish_reason.clear();
-      tool_calls = http::ToolCallStream();
+      tool_calls = http::ToolCallStream(meta.tool_syntax);
       return sink.write(out.data(), out.size());
     }
     if (include_usage) out += http::SseEvent(http::UsageChunk(api, meta, http::TotalUsage(usages)));
@@ -318,12 +318,29 @@ class Handlers {
       request.set_max_tokens(model != nullptr ? std::max(1, model->max_context() - 1)
                                               : http::kDefaultCompletionMaxTokens);
     }
+    // Tool calls in the syntax the model's chat template teaches.
+    ToolCallSyntax syntax = ToolCallSyntax::kHermes;
+    if (parsed->tools.has_value()) {
+      absl::StatusOr<ToolCallSyntax> known =
+          ToolCallSyntaxOf(model != nullptr ? model->tool_call_syntax() : "");
+      if (!known.ok()) {
+        return SendError(res, 500,
+                         absl::StrCat("the verifier's tool call syntax is unknown to this router: ",
+                                      known.status().message()));
+      }
+      syntax = *known;
+      absl::Status constrained = http::ConstrainToTools(*parsed->tools, syntax, &request);
+      if (!constrained.ok()) {
+        return SendError(res, 400, std::string(constrained.message()), http::ParamOf(constrained));
+      }
+    }
     // logprobs as asked: best_of's own ranking logprobs stay hidden.
     http::ResponseMeta meta{.id = http::NewResponseId(api),
                             .created = static_cast<int64_t>(std::time(nullptr)),
                             .model = model != nullptr ? model->id() : request.model(),
                             .logprobs = request.logprobs(),
-                            .tool_calls = parsed->tool_calls};
+                            .tool_calls = parsed->tools.has_value(),
+                            .tool_syntax = syntax};
     request.set_request_id(meta.id);
 
     // One call per completion (best_of of them): they share the prompt's KV when they land on
@@ -378,6 +395,7 @@ class Handlers {
     }
     auto stream = std::make_shared<SseStream>();
     stream->api = api;
+    stream->tool_calls = http::ToolCallStream(meta.tool_syntax);
     stream->meta = std::move(meta);
     stream->include_usage = parsed->include_usage;
     stream->calls = std::move(calls);

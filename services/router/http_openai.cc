@@ -464,9 +464,9 @@ absl::Status ParseBody(Api api, const json& body, ParsedRequest* parsed) {
   if (absl::Status choices = ParseChoices(api, body, parsed); !choices.ok()) return choices;
   if (absl::Status format = ParseResponseFormat(body, &request); !format.ok()) return format;
   if (api == Api::kChat) {
-    absl::StatusOr<bool> tools = ParseTools(body, &request);
+    absl::StatusOr<std::optional<ToolRequest>> tools = ParseTools(body, &request);
     if (!tools.ok()) return tools.status();
-    parsed->tool_calls = *tools;
+    parsed->tools = *std::move(tools);
   }
   if (absl::Status stop = ParseStop(body, &request); !stop.ok()) return stop;
   if (const json* ignore_eos = Member(body, "ignore_eos"); ignore_eos != nullptr) {
@@ -736,7 +736,7 @@ json FinalResponse(Api api, const ResponseMeta& meta, const std::vector<Collecte
         {"logprobs", meta.logprobs ? LogprobsJson(api, logprobs, &text_offset) : json(nullptr)},
         {"finish_reason", FinishReason(collected.finish_reason)}};
     if (api == Api::kChat && meta.tool_calls) {
-      ParsedToolCalls parsed = ParseToolCalls(collected.text);
+      ParsedToolCalls parsed = ParseToolCalls(collected.text, meta.tool_syntax);
       json calls = json::array();
       for (const ToolCall& call : parsed.calls) calls.push_back(ToolCallJson(call));
       choice["message"] = {
@@ -850,12 +850,15 @@ json ErrorBody(int http_status, const std::string& message, const std::string& p
 json ModelsList(const v1::ListModelsResponse& models, int64_t created) {
   json data = json::array();
   for (const v1::ModelInfo& model : models.models()) {
-    data.push_back({{"id", model.id()},
-                    {"object", "model"},
-                    {"created", created},
-                    {"owned_by", "tandem"},
-                    {"modes", std::vector<std::string>(model.modes().begin(), model.modes().end())},
-                    {"max_context", model.max_context()}});
+    data.push_back(
+        {{"id", model.id()},
+         {"object", "model"},
+         {"created", created},
+         {"owned_by", "tandem"},
+         {"modes", std::vector<std::string>(model.modes().begin(), model.modes().end())},
+         {"max_context", model.max_context()},
+         {"tool_call_syntax",
+          model.tool_call_syntax().empty() ? std::string("hermes") : model.tool_call_syntax()}});
   }
   return json{{"object", "list"}, {"data", std::move(data)}};
 }

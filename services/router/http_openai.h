@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/support/status.h"
 #include "nlohmann/json.hpp"
+#include "services/router/http_tools.h"
 #include "tandem/v1/generate.pb.h"
 
 namespace tandem::http {
@@ -41,7 +42,9 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage: one more chunk with usage
   bool max_tokens_set = false;  // false: the caller picks the default (it knows the context)
-  bool tool_calls = false;      // tools are in play: the text is parsed for calls (http_tools.h)
+  // Tools are in play: the calls to constrain (in the model's syntax, ConstrainToTools once the
+  // model is known) and to parse the text for (http_tools.h).
+  std::optional<ToolRequest> tools;
 };
 
 // Parses a request body. InvalidArgument for malformed JSON, a wrong type or an unsupported
@@ -60,8 +63,9 @@ struct ResponseMeta {
   std::string model;
   bool logprobs = false;  // the request asked for logprobs: choices carry them (else null)
   // Chat with tools: a choice's text becomes content and tool_calls (finish_reason
-  // "tool_calls" when a call ended it).
+  // "tool_calls" when a call ended it), read in the model's syntax.
   bool tool_calls = false;
+  ToolCallSyntax tool_syntax = ToolCallSyntax::kHermes;
 };
 
 // A fresh response id for `api` ("cmpl-" or "chatcmpl-" and 24 random hex digits).
@@ -134,7 +138,7 @@ nlohmann::json ErrorBody(int http_status, const std::string& message, const std:
                          const std::string& code = "");
 
 // GET /v1/models from ListModels: {"object": "list", "data": [{"id", "object": "model",
-// "created", "owned_by", "modes", "max_context"}]}.
+// "created", "owned_by", "modes", "max_context", "tool_call_syntax"}]}.
 nlohmann::json ModelsList(const v1::ListModelsResponse& models, int64_t created);
 
 }  // namespace tandem::http

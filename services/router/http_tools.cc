@@ -13,13 +13,96 @@ namespace {
 
 using nlohmann::json;
 
-constexpr char kOpenTag[] = "<tool_call>";
-constexpr char kCloseTag[] = "</tool_call>";
-constexpr std::string_view kOpen = kOpenTag;
-constexpr std::string_view kClose = kCloseTag;
+// A syntax's text around the calls (worker/template/tool_call_syntax.h): what the constraint
+// writes, and what parsing accepts.
+struct Syntax {
+  std::string_view trigger;    // what starts a block of calls in free text
+  std::string_view begin;      // a constrained call's text before its {"name": ...
+  std::string_view end;        // and after its closing brace
+  std::string_view arguments;  // the key a constrained call writes its arguments under
+  std::string_view separator;  // between the calls of a response that holds only calls
+  std::string_view lead;       // parsing: a block's text before its first call
+  bool list;                   // parsing: a block holds a JSON list of calls, not one call
+  std::string_view tail;       // parsing: a block's text after its calls
+};
 
-bool IsBlank(std::string_view text) {
-  return absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())).empty();
+constexpr Syntax kHermes{.trigger = "<tool_call>",
+                         .begin = "<tool_call>\n",
+                         .end = "\n</tool_call>",
+                         .arguments = "arguments",
+                         .separator = "\n",
+                         .lead = "<tool_call>",
+                         .list = false,
+                         .tail = "</tool_call>"};
+constexpr Syntax kMistral{.trigger = "[TOOL_CALLS]",
+                          .begin = "[TOOL_CALLS][",
+                          .end = "]",
+                          .arguments = "arguments",
+                          .separator = "\n",
+                          .lead = "[TOOL_CALLS]",
+                          .list = true,
+                          .tail = ""};
+constexpr Syntax kLlama3{.trigger = "{\"name\": ",
+                         .begin = "",
+                         .end = "",
+                         .arguments = "parameters",
+                         .separator = "; ",
+                         .lead = "",
+                         .list = false,
+                         .tail = ""};
+
+const Syntax& SyntaxOf(ToolCallSyntax syntax) {
+  switch (syntax) {
+    case ToolCallSyntax::kMistral:
+      return kMistral;
+    case ToolCallSyntax::kLlama3Json:
+      return kLlama3;
+    case ToolCallSyntax::kHermes:
+      break;
+  }
+  return kHermes;
+}
+
+// Text between or after calls that is no content: blanks, and the ";" Llama separates calls by.
+bool IsFiller(std::string_view text) {
+  for (char c : text) {
+    if (!absl::ascii_isspace(static_cast<unsigned char>(c)) && c != ';') return false;
+  }
+  return true;
+}
+
+size_t SkipSpace(std::string_view text, size_t at) {
+  while (at < text.size() && absl::ascii_isspace(static_cast<unsigned char>(text[at]))) ++at;
+  return at;
+}
+
+// The end of the JSON object or list that opens at text[at] (past its closing bracket), or npos
+// while it has not closed. Strings and their escapes are skipped; the content is not checked.
+size_t BracketEnd(std::string_view text, size_t at) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (size_t i = at; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
 }
 
 bool IsToolName(const std::string& name) {
@@ -55,13 +138,14 @@ absl::StatusOr<std::pair<std::string, json>> ParseTool(const json& tool, size_t 
   return std::pair{function["name"].get<std::string>(), std::move(parameters)};
 }
 
-// One call's tag in the structural tag: the Hermes block with the arguments constrained.
-json CallTag(const std::string& name, const json& parameters) {
-  return json{
-      {"type", "tag"},
-      {"begin", absl::StrCat(kOpenTag, "\n{\"name\": ", json(name).dump(), ", \"arguments\": ")},
-      {"content", {{"type", "json_schema"}, {"json_schema", parameters}}},
-      {"end", absl::StrCat("}\n", kCloseTag)}};
+// One call's tag in the structural tag: the syntax's text around a call, with the arguments
+// constrained to the tool's parameters.
+json CallTag(const Syntax& syntax, const std::string& name, const json& parameters) {
+  return json{{"type", "tag"},
+              {"begin", absl::StrCat(std::string(syntax.begin), "{\"name\": ", json(name).dump(),
+                                     ", \"", std::string(syntax.arguments), "\": ")},
+              {"content", {{"type", "json_schema"}, {"json_schema", parameters}}},
+              {"end", absl::StrCat("}", std::string(syntax.end))}};
 }
 
 std::string NewCallId() {
@@ -72,30 +156,81 @@ std::string NewCallId() {
   return id;
 }
 
-// The call a block's body holds, if it is one.
+// The call a JSON object's text holds, if it is one.
 std::optional<ToolCall> CallFromBody(std::string_view body) {
   const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object() || !parsed.contains("name") ||
-      !parsed["name"].is_string() || !parsed.contains("arguments") ||
-      !parsed["arguments"].is_object()) {
+      !parsed["name"].is_string()) {
     return std::nullopt;
   }
-  return ToolCall{.id = NewCallId(),
-                  .name = parsed["name"].get<std::string>(),
-                  .arguments = parsed["arguments"].dump()};
+  const json* arguments = nullptr;
+  for (const char* key : {"arguments", "parameters"}) {
+    if (parsed.contains(key) && parsed[key].is_object()) arguments = &parsed[key];
+  }
+  if (arguments == nullptr) return std::nullopt;
+  return ToolCall{
+      .id = NewCallId(), .name = parsed["name"].get<std::string>(), .arguments = arguments->dump()};
 }
 
-// The length of the longest end of `text` that begins kOpen (a call that may be starting).
-size_t PartialOpen(std::string_view text) {
-  for (size_t k = std::min(text.size(), kOpen.size() - 1); k > 0; --k) {
-    if (text.substr(text.size() - k) == kOpen.substr(0, k)) return k;
+// A block of calls at the start of `text` (which starts with the syntax's trigger).
+struct Block {
+  enum class State { kOpen, kText, kCalls } state = State::kText;
+  size_t end = 0;  // kCalls: past the block
+  std::vector<ToolCall> calls;
+};
+
+Block ParseBlock(std::string_view text, const Syntax& syntax) {
+  Block open{.state = Block::State::kOpen};
+  const Block no{.state = Block::State::kText};
+  size_t at = SkipSpace(text, syntax.lead.size());
+  if (syntax.list) {
+    if (at == text.size()) return open;
+    if (text[at] != '[') return no;
+    at = SkipSpace(text, at + 1);
+  }
+  Block block{.state = Block::State::kCalls};
+  while (true) {
+    if (at == text.size()) return open;
+    if (text[at] != '{') return no;
+    const size_t end = BracketEnd(text, at);
+    if (end == std::string_view::npos) return open;
+    std::optional<ToolCall> call = CallFromBody(text.substr(at, end - at));
+    if (!call.has_value()) return no;
+    block.calls.push_back(*std::move(call));
+    at = SkipSpace(text, end);
+    if (!syntax.list) break;
+    if (at == text.size()) return open;
+    if (text[at] == ']') {
+      ++at;
+      break;
+    }
+    if (text[at] != ',') return no;
+    at = SkipSpace(text, at + 1);
+  }
+  if (!syntax.tail.empty()) {
+    const std::string_view rest = text.substr(at);
+    if (rest.size() < syntax.tail.size()) {
+      return syntax.tail.substr(0, rest.size()) == rest ? open : no;
+    }
+    if (rest.substr(0, syntax.tail.size()) != syntax.tail) return no;
+    at += syntax.tail.size();
+  }
+  block.end = at;
+  return block;
+}
+
+// The length of the longest end of `text` that begins `trigger` (a call that may be starting).
+size_t PartialTrigger(std::string_view text, std::string_view trigger) {
+  for (size_t k = std::min(text.size(), trigger.size() - 1); k > 0; --k) {
+    if (text.substr(text.size() - k) == trigger.substr(0, k)) return k;
   }
   return 0;
 }
 
 }  // namespace
 
-absl::StatusOr<bool> ParseTools(const json& body, v1::GenerateRequest* request) {
+absl::StatusOr<std::optional<ToolRequest>> ParseTools(const json& body,
+                                                      v1::GenerateRequest* request) {
   std::vector<std::pair<std::string, json>> tools;
   if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) return BadParam("tools", "tools must be a list");
@@ -147,12 +282,12 @@ absl::StatusOr<bool> ParseTools(const json& body, v1::GenerateRequest* request) 
     if (choice == "required" || choice == "function") {
       return BadParam("tool_choice", "tool_choice asks for a call, but there are no tools");
     }
-    return false;
+    return std::nullopt;
   }
   json listed = json::array();
   for (const json& tool : body["tools"]) listed.push_back(tool);
   request->mutable_chat()->set_tools(Dump(listed));
-  if (choice == "none") return false;
+  if (choice == "none") return std::nullopt;
 
   if (request->has_response_format() && !request->response_format().type().empty() &&
       request->response_format().type() != "text") {
@@ -160,27 +295,40 @@ absl::StatusOr<bool> ParseTools(const json& body, v1::GenerateRequest* request) 
                     "response_format cannot be combined with tools (both constrain the output); "
                     "set tool_choice \"none\" to use it");
   }
-  json tags = json::array();
-  for (const auto& [name, parameters] : tools) {
-    if (choice != "function" || name == named) tags.push_back(CallTag(name, parameters));
+  if (choice == "function") {
+    bool found = false;
+    for (const auto& [name, unused] : tools) found = found || name == named;
+    if (!found) {
+      return BadParam("tool_choice", absl::StrCat("tool_choice names '", named,
+                                                  "', which is not among the tools"));
+    }
   }
-  if (tags.empty()) {
-    return BadParam("tool_choice",
-                    absl::StrCat("tool_choice names '", named, "', which is not among the tools"));
+  return ToolRequest{
+      .tools = std::move(tools), .choice = choice, .named = named, .parallel = parallel};
+}
+
+absl::Status ConstrainToTools(const ToolRequest& tools, ToolCallSyntax syntax,
+                              v1::GenerateRequest* request) {
+  const Syntax& text = SyntaxOf(syntax);
+  json tags = json::array();
+  for (const auto& [name, parameters] : tools.tools) {
+    if (tools.choice != "function" || name == tools.named) {
+      tags.push_back(CallTag(text, name, parameters));
+    }
   }
   json format;
-  if (choice == "auto") {
+  if (tools.choice == "auto") {
     format = {{"type", "triggered_tags"},
-              {"triggers", json::array({kOpenTag})},
+              {"triggers", json::array({std::string(text.trigger)})},
               {"tags", std::move(tags)},
               {"at_least_one", false},
-              {"stop_after_first", !parallel}};
+              {"stop_after_first", !tools.parallel}};
   } else {  // required or a named function: calls and nothing else
     format = {{"type", "tags_with_separator"},
               {"tags", std::move(tags)},
-              {"separator", "\n"},
+              {"separator", std::string(text.separator)},
               {"at_least_one", true},
-              {"stop_after_first", !parallel || choice == "function"}};
+              {"stop_after_first", !tools.parallel || tools.choice == "function"}};
   }
   const std::string tag = Dump(json{{"type", "structural_tag"}, {"format", std::move(format)}});
   if (tag.size() > kMaxGrammarBytes) {
@@ -189,30 +337,18 @@ absl::StatusOr<bool> ParseTools(const json& body, v1::GenerateRequest* request) 
   }
   request->mutable_response_format()->set_type("structural_tag");
   request->mutable_response_format()->set_schema(tag);
-  return true;
+  return absl::OkStatus();
 }
 
-ParsedToolCalls ParseToolCalls(std::string_view text) {
+ParsedToolCalls ParseToolCalls(std::string_view text, ToolCallSyntax syntax) {
+  ToolCallStream stream(syntax);
+  stream.held_ = std::string(text);
   ParsedToolCalls parsed;
   std::string content;
-  size_t at = 0;
-  while (at < text.size()) {
-    const size_t open = text.find(kOpen, at);
-    if (open == std::string_view::npos) break;
-    const size_t close = text.find(kClose, open + kOpen.size());
-    if (close == std::string_view::npos) break;
-    std::optional<ToolCall> call =
-        CallFromBody(text.substr(open + kOpen.size(), close - open - kOpen.size()));
-    const size_t end = close + kClose.size();
-    if (call.has_value()) {
-      content.append(text.substr(at, open - at));
-      parsed.calls.push_back(*std::move(call));
-    } else {
-      content.append(text.substr(at, end - at));
-    }
-    at = end;
+  for (ToolCallStream::Piece& piece : stream.Drain(/*final=*/true)) {
+    content += piece.content;
+    for (ToolCall& call : piece.calls) parsed.calls.push_back(std::move(call));
   }
-  content.append(text.substr(std::min(at, text.size())));
   parsed.content = std::string(absl::StripAsciiWhitespace(content));
   return parsed;
 }
@@ -227,45 +363,56 @@ json ToolCallJson(const ToolCall& call, int index) {
 
 std::vector<json> ToolCallStream::Push(std::string_view text) {
   held_.append(text);
-  return Drain(/*final=*/false);
+  return Deltas(Drain(/*final=*/false), &emitted_);
 }
 
-std::vector<json> ToolCallStream::Finish() { return Drain(/*final=*/true); }
+std::vector<json> ToolCallStream::Finish() { return Deltas(Drain(/*final=*/true), &emitted_); }
 
-std::vector<json> ToolCallStream::Drain(bool final) {
+std::vector<json> ToolCallStream::Deltas(std::vector<Piece> pieces, int* index) {
   std::vector<json> deltas;
+  for (Piece& piece : pieces) {
+    if (!piece.content.empty()) deltas.push_back({{"content", std::move(piece.content)}});
+    for (const ToolCall& call : piece.calls) {
+      deltas.push_back({{"tool_calls", json::array({ToolCallJson(call, (*index)++)})}});
+    }
+  }
+  return deltas;
+}
+
+std::vector<ToolCallStream::Piece> ToolCallStream::Drain(bool final) {
+  const Syntax& syntax = SyntaxOf(syntax_);
+  std::vector<Piece> pieces;
   const auto content = [&](std::string_view piece) {
-    // Whitespace between calls is no content.
-    if (piece.empty() || (calls_ > 0 && IsBlank(piece))) return;
-    deltas.push_back({{"content", std::string(piece)}});
+    // Filler between and after calls is no content.
+    if (piece.empty() || (calls_ > 0 && IsFiller(piece))) return;
+    pieces.push_back({.content = std::string(piece)});
   };
   while (true) {
-    const size_t open = held_.find(kOpen);
+    const size_t open = held_.find(syntax.trigger);
     if (open == std::string::npos) {
-      const size_t keep = final ? 0 : PartialOpen(held_);
+      const size_t keep = final ? 0 : PartialTrigger(held_, syntax.trigger);
       content(std::string_view(held_).substr(0, held_.size() - keep));
       held_.erase(0, held_.size() - keep);
-      return deltas;
+      return pieces;
     }
     content(std::string_view(held_).substr(0, open));
     held_.erase(0, open);
-    const size_t close = held_.find(kClose, kOpen.size());
-    if (close == std::string::npos) {
+    Block block = ParseBlock(held_, syntax);
+    if (block.state == Block::State::kOpen) {
       if (final) {
         content(held_);
         held_.clear();
       }
-      return deltas;
+      return pieces;
     }
-    const size_t end = close + kClose.size();
-    std::optional<ToolCall> call =
-        CallFromBody(std::string_view(held_).substr(kOpen.size(), close - kOpen.size()));
-    if (call.has_value()) {
-      deltas.push_back({{"tool_calls", json::array({ToolCallJson(*call, calls_++)})}});
-    } else {
-      content(std::string_view(held_).substr(0, end));
+    if (block.state == Block::State::kText) {  // the trigger is text; look on past it
+      content(std::string_view(held_).substr(0, syntax.trigger.size()));
+      held_.erase(0, syntax.trigger.size());
+      continue;
     }
-    held_.erase(0, end);
+    calls_ += static_cast<int>(block.calls.size());
+    pieces.push_back({.calls = std::move(block.calls)});
+    held_.erase(0, block.end);
   }
 }
 

@@ -521,6 +521,7 @@ grpc::ServerUnaryReactor* RouterService::ListModels(grpc::CallbackServerContext*
     info->set_id(model.id);
     for (const std::string& mode : model.modes) info->add_modes(mode);
     info->set_max_context(model.max_context);
+    info->set_tool_call_syntax(model.tool_call_syntax);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

@@ -22,6 +22,7 @@ router::VerifierInfo ToVerifierInfo(const v1::WorkerInfo& info) {
   out.max_context = info.max_context();
   out.worker_id = info.worker_id();
   out.default_mode = info.default_mode();
+  out.tool_call_syntax = info.tool_call_syntax();
   return out;
 }
 

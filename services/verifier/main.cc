@@ -32,6 +32,7 @@ struct Flags {
   std::string drafter;
   std::string lora;  // LoRA adapter gated on isd / self_spec draft positions
   std::string default_mode = "ar";
+  std::string tool_call_syntax = "auto";  // or a ToolCallSyntaxName
   std::string device = "cpu";
   bool cuda_graphs = true;
   int64_t kv_tokens = 65536;
@@ -152,6 +153,14 @@ int Run(Flags flags) {
       .model_id = std::filesystem::path(flags.model).lexically_normal().filename().string(),
       .worker_id = RandomWorkerId(),
       .default_mode = flags.default_mode};
+  if (flags.tool_call_syntax == "auto") {
+    if (model->chat_template != nullptr) {
+      identity.tool_call_syntax = model->chat_template->tool_call_syntax();
+    }
+  } else {
+    // The flag's values are checked by the parser.
+    identity.tool_call_syntax = *tandem::ToolCallSyntaxOf(flags.tool_call_syntax);
+  }
   if (identity.model_id.empty()) {
     identity.model_id =
         std::filesystem::path(flags.model).lexically_normal().parent_path().filename().string();
@@ -269,6 +278,12 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--default-mode", flags.default_mode, "mode of requests that ask for 'auto'")
       ->envname("TANDEM_VERIFIER_DEFAULT_MODE")
+      ->capture_default_str();
+  app.add_option("--tool-call-syntax", flags.tool_call_syntax,
+                 "how the model writes tool calls, which the router constrains and parses: auto "
+                 "(from the chat template), hermes, mistral or llama3_json")
+      ->envname("TANDEM_VERIFIER_TOOL_CALL_SYNTAX")
+      ->check(CLI::IsMember({"auto", "hermes", "mistral", "llama3_json"}))
       ->capture_default_str();
   app.add_option("--device", flags.device, "where the model runs: cpu (fp32) or cuda (bf16 GPU)")
       ->envname("TANDEM_VERIFIER_DEVICE")

@@ -520,6 +520,7 @@ grpc::ServerUnaryReactor* VerifierService::GetInfo(grpc::CallbackServerContext* 
   reply->set_version(VersionString());
   reply->set_worker_id(identity_.worker_id);
   reply->set_default_mode(identity_.default_mode);
+  reply->set_tool_call_syntax(ToolCallSyntaxName(identity_.tool_call_syntax));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

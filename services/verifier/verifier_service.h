@@ -15,6 +15,7 @@
 #include "services/common/metrics.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 #include "worker/engine/engine.h"
+#include "worker/template/tool_call_syntax.h"
 
 namespace tandem {
 
@@ -22,6 +23,8 @@ struct VerifierIdentity {
   std::string model_id;      // what clients put in GenerateRequest.model ("" matches too)
   std::string worker_id;     // unique per process
   std::string default_mode;  // the engine's mode for "auto" requests (WorkerInfo.default_mode)
+  // How the model writes tool calls (WorkerInfo.tool_call_syntax).
+  ToolCallSyntax tool_call_syntax = ToolCallSyntax::kHermes;
 };
 
 // Converts a VerifyRequest to the engine's request. InvalidArgument names the field at fault.

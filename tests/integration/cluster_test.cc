@@ -202,6 +202,8 @@ TEST_F(ClusterTest, ListModelsNamesTheBundledModel) {
   ASSERT_EQ(models.models_size(), 1);
   EXPECT_EQ(models.models(0).id(), "tandem-target");
   EXPECT_EQ(models.models(0).max_context(), 512);
+  // No chat template: the ChatML prompt lists tools the Hermes way.
+  EXPECT_EQ(models.models(0).tool_call_syntax(), "hermes");
   for (const std::string& mode : ImplementedModes()) {
     EXPECT_NE(std::find(models.models(0).modes().begin(), models.models(0).modes().end(), mode),
               models.models(0).modes().end())

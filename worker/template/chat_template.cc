@@ -88,6 +88,8 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromSource(absl::str
   if (!parsed.ok()) return parsed.status();
   std::unique_ptr<ChatTemplate> out(new ChatTemplate());
   out->template_ = *std::move(parsed);
+  out->tool_call_syntax_ =
+      ToolCallSyntaxForTemplate(std::string_view(source.data(), source.size()));
   out->bos_token_ = std::move(bos_token);
   out->eos_token_ = std::move(eos_token);
   return out;

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "worker/template/parser.h"
+#include "worker/template/tool_call_syntax.h"
 #include "worker/tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -43,10 +44,14 @@ class ChatTemplate {
                                     bool add_generation_prompt,
                                     const nlohmann::ordered_json& extra) const;
 
+  // How the template teaches the model to write tool calls (ToolCallSyntaxForTemplate).
+  ToolCallSyntax tool_call_syntax() const { return tool_call_syntax_; }
+
  private:
   ChatTemplate() = default;
 
   std::shared_ptr<const jinja::Template> template_;
+  ToolCallSyntax tool_call_syntax_ = ToolCallSyntax::kHermes;
   std::string bos_token_;
   std::string eos_token_;
 };

@@ -49,6 +49,15 @@ class ScriptedGeneration final : public v1::Generation::Service {
       return grpc::Status(static_cast<grpc::StatusCode>(code), "scripted failure");
     }
     v1::GenerateResponse message;
+    if (request->response_format().type() == "structural_tag") {
+      // A call as a Mistral checkpoint writes it, when the constraint asks for that syntax.
+      const bool mistral = absl::StrContains(request->response_format().schema(), "[TOOL_CALLS]");
+      message.set_text(mistral ? R"([TOOL_CALLS][{"name": "get_time", "arguments": {}}])"
+                               : "no call");
+      message.set_finish_reason("stop");
+      writer->Write(message);
+      return grpc::Status::OK;
+    }
     if (prompt == "slow") {
       slow_started_ = true;
       while (!context->IsCancelled()) {
@@ -81,6 +90,8 @@ class ScriptedGeneration final : public v1::Generation::Service {
     model->set_id("m");
     model->add_modes("ar");
     model->set_max_context(64);
+    absl::MutexLock lock(&mu_);
+    model->set_tool_call_syntax(tool_call_syntax_);
     return grpc::Status::OK;
   }
 
@@ -92,6 +103,10 @@ class ScriptedGeneration final : public v1::Generation::Service {
     absl::MutexLock lock(&mu_);
     return last_authorization_;
   }
+  void set_tool_call_syntax(const std::string& syntax) {
+    absl::MutexLock lock(&mu_);
+    tool_call_syntax_ = syntax;
+  }
   std::atomic<bool> slow_started_{false};
   std::atomic<bool> slow_cancelled_{false};
 
@@ -99,6 +114,7 @@ class ScriptedGeneration final : public v1::Generation::Service {
   absl::Mutex mu_;
   v1::GenerateRequest last_request_ ABSL_GUARDED_BY(mu_);
   std::string last_authorization_ ABSL_GUARDED_BY(mu_);
+  std::string tool_call_syntax_ ABSL_GUARDED_BY(mu_);  // what ListModels says the model writes
 };
 
 class HttpFrontTest : public ::testing::Test {
@@ -385,6 +401,28 @@ TEST_F(HttpFrontTest, ClientThatGoesAwayCancelsTheUpstreamCall) {
   client_->send(request, response, error);
   EXPECT_GE(chunks, 3);
   EXPECT_TRUE(WaitFor(service_.slow_cancelled_));
+}
+
+// Tool calls in the syntax the model's verifier names: the constraint asks for it and the
+// response is read in it; a syntax this router does not know is a 500 that says so.
+TEST_F(HttpFrontTest, ToolCallsFollowTheModelsSyntax) {
+  service_.set_tool_call_syntax("mistral");
+  Start();
+  const std::string body = R"({"messages": [{"role": "user", "content": "time?"}],
+      "tools": [{"type": "function", "function": {"name": "get_time"}}]})";
+  auto whole = Post("/v1/chat/completions", body);
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json response = json::parse(whole->body);
+  EXPECT_EQ(response["choices"][0]["finish_reason"], "tool_calls") << whole->body;
+  EXPECT_EQ(response["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_time");
+  const json format = json::parse(service_.last_request().response_format().schema())["format"];
+  EXPECT_EQ(format["triggers"][0], "[TOOL_CALLS]");
+  service_.set_tool_call_syntax("pythonic");
+  auto unknown = Post("/v1/chat/completions", body);
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 500);
+  EXPECT_THAT(unknown->body, HasSubstr("pythonic"));
 }
 
 // A non-streaming client that hangs up while its completion is generated cancels the upstream

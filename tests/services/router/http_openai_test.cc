@@ -428,6 +428,9 @@ TEST(HttpOpenAiTest, ModelsListAndIds) {
   EXPECT_EQ(list["data"][0]["created"], 42);
   EXPECT_EQ(list["data"][0]["owned_by"], "tandem");
   EXPECT_EQ(list["data"][0]["max_context"], 512);
+  EXPECT_EQ(list["data"][0]["tool_call_syntax"], "hermes");  // a verifier that names none
+  info->set_tool_call_syntax("mistral");
+  EXPECT_EQ(ModelsList(models, 42)["data"][0]["tool_call_syntax"], "mistral");
 
   const std::string a = NewResponseId(Api::kChat);
   EXPECT_EQ(a.rfind("chatcmpl-", 0), 0u);

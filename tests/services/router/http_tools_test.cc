@@ -24,15 +24,21 @@ absl::StatusOr<ParsedRequest> Chat(const std::string& extra) {
                                       std::string(kTools) + extra + "}");
 }
 
-json Format(const ParsedRequest& parsed) {
-  EXPECT_EQ(parsed.request.response_format().type(), "structural_tag");
-  return json::parse(parsed.request.response_format().schema())["format"];
+// The structural tag's format that constrains `parsed`'s tools in `syntax`.
+json Format(const ParsedRequest& parsed, ToolCallSyntax syntax = ToolCallSyntax::kHermes) {
+  EXPECT_TRUE(parsed.tools.has_value());
+  if (!parsed.tools.has_value()) return json();
+  v1::GenerateRequest request = parsed.request;
+  EXPECT_TRUE(ConstrainToTools(*parsed.tools, syntax, &request).ok());
+  EXPECT_EQ(request.response_format().type(), "structural_tag");
+  return json::parse(request.response_format().schema())["format"];
 }
 
 TEST(HttpToolsTest, ToolChoiceBuildsTheStructuralTag) {
   absl::StatusOr<ParsedRequest> automatic = Chat("");
   ASSERT_TRUE(automatic.ok()) << automatic.status();
-  EXPECT_TRUE(automatic->tool_calls);
+  EXPECT_TRUE(automatic->tools.has_value());
+  EXPECT_FALSE(automatic->request.has_response_format());  // constrained once the model is known
   EXPECT_EQ(json::parse(automatic->request.chat().tools()).size(), 2u);
   json format = Format(*automatic);
   EXPECT_EQ(format["type"], "triggered_tags");
@@ -62,7 +68,7 @@ TEST(HttpToolsTest, ToolChoiceBuildsTheStructuralTag) {
   absl::StatusOr<ParsedRequest> none = Chat(R"(, "tool_choice": "none",
                                                  "response_format": {"type": "json_object"})");
   ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_FALSE(none->tool_calls);
+  EXPECT_FALSE(none->tools.has_value());
   EXPECT_EQ(none->request.response_format().type(), "json_object");
   EXPECT_FALSE(none->request.chat().tools().empty());
 }
@@ -126,23 +132,26 @@ TEST(HttpToolsTest, HistoryWithCallsAndAnswersReachesTheTemplate) {
   EXPECT_EQ(json::parse(chat.messages(1).tool_calls())[0]["function"]["name"], "get_weather");
   EXPECT_EQ(chat.messages(2).role(), "tool");
   EXPECT_EQ(chat.messages(2).tool_call_id(), "call_1");
-  EXPECT_FALSE(parsed->tool_calls);
+  EXPECT_FALSE(parsed->tools.has_value());
 }
 
 TEST(HttpToolsTest, ParsesCallsOutOfText) {
   const ParsedToolCalls parsed = ParseToolCalls(
       "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
       "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n"
-      "</tool_call>\n<tool_call>not json</tool_call>");
+      "</tool_call>\n<tool_call>not json</tool_call>",
+      ToolCallSyntax::kHermes);
   ASSERT_EQ(parsed.calls.size(), 2u);
   EXPECT_EQ(parsed.calls[0].name, "get_weather");
   EXPECT_EQ(json::parse(parsed.calls[0].arguments), json({{"city", "Paris"}}));
   EXPECT_EQ(parsed.calls[1].arguments, "{}");
   EXPECT_THAT(parsed.calls[0].id, ::testing::StartsWith("call_"));
   EXPECT_NE(parsed.calls[0].id, parsed.calls[1].id);
-  EXPECT_EQ(parsed.content, "Let me check.\n\n\n<tool_call>not json</tool_call>");
-  EXPECT_TRUE(ParseToolCalls("plain text").calls.empty());
-  EXPECT_EQ(ParseToolCalls("<tool_call>{\"name\": \"f\"").content, "<tool_call>{\"name\": \"f\"");
+  // Blank text between calls is dropped; a block that is no call stays.
+  EXPECT_EQ(parsed.content, "Let me check.\n<tool_call>not json</tool_call>");
+  EXPECT_TRUE(ParseToolCalls("plain text", ToolCallSyntax::kHermes).calls.empty());
+  EXPECT_EQ(ParseToolCalls("<tool_call>{\"name\": \"f\"", ToolCallSyntax::kHermes).content,
+            "<tool_call>{\"name\": \"f\"");
   const json call = ToolCallJson(parsed.calls[0], 0);
   EXPECT_EQ(call["type"], "function");
   EXPECT_EQ(call["index"], 0);
@@ -195,6 +204,98 @@ TEST(HttpToolsTest, FinalResponseCarriesCalls) {
   EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(plain["choices"][0]["message"]["content"], "no call");
   EXPECT_FALSE(plain["choices"][0]["message"].contains("tool_calls"));
+}
+
+// Each syntax's constraint writes text its parser reads back: the calls of a "required"
+// response (its tags joined by its separator), whole and streamed a byte at a time.
+TEST(HttpToolsTest, EverySyntaxParsesWhatItsConstraintWrites) {
+  absl::StatusOr<ParsedRequest> required = Chat(R"(, "tool_choice": "required")");
+  ASSERT_TRUE(required.ok()) << required.status();
+  const std::vector<json> arguments = {json{{"city", "Paris"}}, json::object()};
+  for (const ToolCallSyntax syntax : kToolCallSyntaxes) {
+    SCOPED_TRACE(ToolCallSyntaxName(syntax));
+    const json format = Format(*required, syntax);
+    ASSERT_EQ(format["tags"].size(), 2u);
+    std::string text;
+    for (size_t i = 0; i < 2; ++i) {
+      if (i > 0) text += format["separator"].get<std::string>();
+      text += format["tags"][i]["begin"].get<std::string>() + arguments[i].dump() +
+              format["tags"][i]["end"].get<std::string>();
+    }
+    const ParsedToolCalls whole = ParseToolCalls(text, syntax);
+    EXPECT_EQ(whole.content, "") << text;
+    ASSERT_EQ(whole.calls.size(), 2u) << text;
+    EXPECT_EQ(whole.calls[0].name, "get_weather");
+    EXPECT_EQ(json::parse(whole.calls[0].arguments), arguments[0]);
+    EXPECT_EQ(whole.calls[1].name, "get_time");
+    EXPECT_EQ(json::parse(whole.calls[1].arguments), arguments[1]);
+    ToolCallStream stream(syntax);
+    std::vector<json> deltas;
+    for (char c : "Sure: " + text) {
+      for (json& d : stream.Push(std::string(1, c))) deltas.push_back(std::move(d));
+    }
+    for (json& d : stream.Finish()) deltas.push_back(std::move(d));
+    std::string content;
+    std::vector<json> calls;
+    for (const json& d : deltas) {
+      if (d.contains("content")) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls")) calls.push_back(d["tool_calls"][0]);
+    }
+    EXPECT_EQ(content, "Sure: ");
+    ASSERT_EQ(calls.size(), 2u) << text;
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(calls[1]["index"], 1);
+
+    const json automatic = Format(*Chat(""), syntax);
+    const std::string trigger = automatic["triggers"][0].get<std::string>();
+    for (const json& tag : automatic["tags"]) {
+      EXPECT_TRUE(tag["begin"].get<std::string>().starts_with(trigger)) << tag.dump();
+    }
+  }
+}
+
+// What the checkpoints write unconstrained: a Mistral list of calls, Llama calls separated by
+// ";" (with "parameters"), and a Hermes block with "parameters".
+TEST(HttpToolsTest, ParsesEachSyntaxAsCheckpointsWriteIt) {
+  ParsedToolCalls mistral = ParseToolCalls(
+      R"(Checking. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", )"
+      R"("arguments": {}}])",
+      ToolCallSyntax::kMistral);
+  EXPECT_EQ(mistral.content, "Checking.");
+  ASSERT_EQ(mistral.calls.size(), 2u);
+  EXPECT_EQ(mistral.calls[1].name, "b");
+  ParsedToolCalls llama =
+      ParseToolCalls(R"({"name": "a", "parameters": {"x": "}"}}; {"name": "b", "parameters": {}})",
+                     ToolCallSyntax::kLlama3Json);
+  EXPECT_EQ(llama.content, "");
+  ASSERT_EQ(llama.calls.size(), 2u);
+  EXPECT_EQ(json::parse(llama.calls[0].arguments)["x"], "}");  // a brace inside a string
+  ParsedToolCalls hermes = ParseToolCalls(
+      "<tool_call>{\"name\": \"a\", \"parameters\": {}}</tool_call>", ToolCallSyntax::kHermes);
+  ASSERT_EQ(hermes.calls.size(), 1u);
+  // Text that only looks like a start stays text, in every syntax.
+  EXPECT_EQ(ParseToolCalls("[TOOL_CALLS] nothing", ToolCallSyntax::kMistral).content,
+            "[TOOL_CALLS] nothing");
+  EXPECT_EQ(ParseToolCalls(R"(say {"name": 3})", ToolCallSyntax::kLlama3Json).content,
+            R"(say {"name": 3})");
+  EXPECT_TRUE(ParseToolCalls("<tool_call>{\"name\": \"a\"}</tool_call>", ToolCallSyntax::kHermes)
+                  .calls.empty());  // no arguments
+}
+
+TEST(ToolCallSyntaxTest, TemplatesNameTheirSyntax) {
+  EXPECT_EQ(ToolCallSyntaxForTemplate("{{ '[AVAILABLE_TOOLS]' }}{{ '[TOOL_CALLS]' }}"),
+            ToolCallSyntax::kMistral);
+  EXPECT_EQ(ToolCallSyntaxForTemplate("<tool_call>\n{\"name\": ...}\n</tool_call>"),
+            ToolCallSyntax::kHermes);
+  EXPECT_EQ(ToolCallSyntaxForTemplate("{{- '\"parameters\": ' }}{{ args | tojson }}"),
+            ToolCallSyntax::kLlama3Json);
+  EXPECT_EQ(ToolCallSyntaxForTemplate("{% for m in messages %}{{ m.content }}{% endfor %}"),
+            ToolCallSyntax::kHermes);
+  for (const ToolCallSyntax syntax : kToolCallSyntaxes) {
+    EXPECT_EQ(*ToolCallSyntaxOf(ToolCallSyntaxName(syntax)), syntax);
+  }
+  EXPECT_EQ(*ToolCallSyntaxOf(""), ToolCallSyntax::kHermes);
+  EXPECT_FALSE(ToolCallSyntaxOf("pythonic").ok());
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -66,6 +68,25 @@ TEST(ChatTemplateTest, ChatTurnsRenderAsMessages) {
   const std::vector<ChatTurn> turns = {{"system", "be brief"}, {"user", "hi"}};
   EXPECT_EQ(*(*chat)->Apply(turns), "<s>[system]be brief[user]hi[assistant]");
   EXPECT_EQ(*(*chat)->Apply(turns, false), "<s>[system]be brief[user]hi");
+}
+
+// The tool-call syntax each template teaches (worker/template/tool_call_syntax.h).
+TEST(ChatTemplateTest, NamesTheToolCallSyntaxItsTemplateTeaches) {
+  const std::vector<std::pair<std::string, ToolCallSyntax>> fixtures = {
+      {"llama3_style", ToolCallSyntax::kLlama3Json},
+      {"qwen_style", ToolCallSyntax::kHermes},
+      {"mistral_style", ToolCallSyntax::kHermes},  // no tools in it: the default
+  };
+  for (const auto& [name, syntax] : fixtures) {
+    absl::StatusOr<std::unique_ptr<ChatTemplate>> chat =
+        ChatTemplate::FromSource(Read(kFixtures + "/" + name + ".jinja"), "<s>", "</s>");
+    ASSERT_TRUE(chat.ok()) << name << ": " << chat.status();
+    EXPECT_EQ((*chat)->tool_call_syntax(), syntax) << name;
+  }
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> mistral = ChatTemplate::FromSource(
+      "{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{% endif %}{% endfor %}", "", "");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ((*mistral)->tool_call_syntax(), ToolCallSyntax::kMistral);
 }
 
 TEST(ChatTemplateTest, LoadsFromTheCheckpointDirectory) {
