@@ -70,7 +70,7 @@ struct ModePolicyOptions {
 // What the request allows.
 struct ModeRequestTraits {
   bool greedy = true;  // temperature 0
-  // The request needs the target's AR rows (logprobs, structured output): lossless modes only.
+  // The request needs the target's AR log-probabilities (logprobs): lossless modes only.
   bool lossless_only = false;
 };
 
