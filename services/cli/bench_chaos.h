@@ -16,7 +16,7 @@
 //                     listening, and nothing fails after that.
 //   drafter-kill      one verifier, `spec` requests; SIGKILL the drafter. Goal: 0 failed, and
 //                     from 1 s after the kill the median latency within 1.25x of `ar`'s
-//                     (measured first, on the same cluster).
+//                     (on the same cluster, before and after the spec phase, averaged).
 //   router-restart    SIGKILL the router and start it again on its address at once: the
 //                     streams it carried fail; goal: the clients (gRPC channels reconnecting on
 //                     their own) are served again within 2 s of its listening, nothing fails
