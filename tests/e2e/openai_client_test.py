@@ -3,9 +3,10 @@
 
 Completions and chat, whole and streamed, the model list, penalties and logit bias (lossless
 modes exact with them), logprobs (both shapes, every lossless mode AR's), echo (scoring a prompt),
-JSON mode, json_schema (valid in every mode, AR's in every lossless one), tool calls (parsed, whole and streamed), n
-choices and best_of, and errors mapped to the client's exception classes (401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with
-the .venv-e2e interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
+JSON mode, json_schema (valid in every mode, AR's in every lossless one), tool calls (parsed,
+whole and streamed), n choices and best_of, and errors mapped to the client's exception classes
+(401 AuthenticationError, 400 BadRequestError, 404 NotFoundError). Runs with the .venv-e2e
+interpreter (scripts/setup.sh --e2e); skips when the openai package is missing.
 
     .venv-e2e/bin/python openai_client_test.py --tandem build/services/cli/tandem
 """
