@@ -363,17 +363,21 @@ json ToolCallJson(const ToolCall& call, int index) {
 
 std::vector<json> ToolCallStream::Push(std::string_view text) {
   held_.append(text);
-  return Deltas(Drain(/*final=*/false), &emitted_);
+  const int first = calls_;
+  return Deltas(Drain(/*final=*/false), first);
 }
 
-std::vector<json> ToolCallStream::Finish() { return Deltas(Drain(/*final=*/true), &emitted_); }
+std::vector<json> ToolCallStream::Finish() {
+  const int first = calls_;
+  return Deltas(Drain(/*final=*/true), first);
+}
 
-std::vector<json> ToolCallStream::Deltas(std::vector<Piece> pieces, int* index) {
+std::vector<json> ToolCallStream::Deltas(std::vector<Piece> pieces, int index) {
   std::vector<json> deltas;
   for (Piece& piece : pieces) {
     if (!piece.content.empty()) deltas.push_back({{"content", std::move(piece.content)}});
     for (const ToolCall& call : piece.calls) {
-      deltas.push_back({{"tool_calls", json::array({ToolCallJson(call, (*index)++)})}});
+      deltas.push_back({{"tool_calls", json::array({ToolCallJson(call, index++)})}});
     }
   }
   return deltas;

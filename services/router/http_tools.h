@@ -94,12 +94,12 @@ class ToolCallStream {
   friend ParsedToolCalls ParseToolCalls(std::string_view text, ToolCallSyntax syntax);
 
   std::vector<Piece> Drain(bool final);
-  static std::vector<nlohmann::json> Deltas(std::vector<Piece> pieces, int* index);
+  // `index`: the first call's (the calls emitted before these pieces).
+  static std::vector<nlohmann::json> Deltas(std::vector<Piece> pieces, int index);
 
   ToolCallSyntax syntax_;
   std::string held_;
-  int calls_ = 0;
-  int emitted_ = 0;  // the index of the next call delta
+  int calls_ = 0;  // calls parsed so far: the next call delta's index
 };
 
 }  // namespace tandem::http

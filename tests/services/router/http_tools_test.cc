@@ -25,6 +25,27 @@ absl::StatusOr<ParsedRequest> Chat(const std::string& extra) {
 }
 
 // The structural tag's format that constrains `parsed`'s tools in `syntax`.
+// What a stream gives for `pieces` pushed in order, then finished: its content, and its calls'
+// deltas.
+struct Streamed {
+  std::string content;
+  std::vector<json> calls;
+};
+
+Streamed Stream(ToolCallStream& stream, const std::vector<std::string>& pieces) {
+  std::vector<json> deltas;
+  for (const std::string& piece : pieces) {
+    for (json& d : stream.Push(piece)) deltas.push_back(std::move(d));
+  }
+  for (json& d : stream.Finish()) deltas.push_back(std::move(d));
+  Streamed out;
+  for (const json& d : deltas) {
+    if (d.contains("content")) out.content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) out.calls.push_back(d["tool_calls"][0]);
+  }
+  return out;
+}
+
 json Format(const ParsedRequest& parsed, ToolCallSyntax syntax = ToolCallSyntax::kHermes) {
   EXPECT_TRUE(parsed.tools.has_value());
   if (!parsed.tools.has_value()) return json();
@@ -166,17 +187,9 @@ TEST(HttpToolsTest, StreamHoldsACallUntilItCloses) {
   // Any split of the text into pieces gives the same deltas.
   for (size_t piece : {1, 3, 7, 1000}) {
     ToolCallStream stream;
-    std::vector<json> deltas;
-    for (size_t at = 0; at < text.size(); at += piece) {
-      for (json& d : stream.Push(text.substr(at, piece))) deltas.push_back(std::move(d));
-    }
-    for (json& d : stream.Finish()) deltas.push_back(std::move(d));
-    std::string content;
-    std::vector<json> calls;
-    for (const json& d : deltas) {
-      if (d.contains("content")) content += d["content"].get<std::string>();
-      if (d.contains("tool_calls")) calls.push_back(d["tool_calls"][0]);
-    }
+    std::vector<std::string> pieces;
+    for (size_t at = 0; at < text.size(); at += piece) pieces.push_back(text.substr(at, piece));
+    const auto [content, calls] = Stream(stream, pieces);
     SCOPED_TRACE(piece);
     // Blank text between and after calls is dropped; a "<tool" that never became one stays.
     EXPECT_EQ(content, "Sure. <tool");
@@ -230,17 +243,9 @@ TEST(HttpToolsTest, EverySyntaxParsesWhatItsConstraintWrites) {
     EXPECT_EQ(whole.calls[1].name, "get_time");
     EXPECT_EQ(json::parse(whole.calls[1].arguments), arguments[1]);
     ToolCallStream stream(syntax);
-    std::vector<json> deltas;
-    for (char c : "Sure: " + text) {
-      for (json& d : stream.Push(std::string(1, c))) deltas.push_back(std::move(d));
-    }
-    for (json& d : stream.Finish()) deltas.push_back(std::move(d));
-    std::string content;
-    std::vector<json> calls;
-    for (const json& d : deltas) {
-      if (d.contains("content")) content += d["content"].get<std::string>();
-      if (d.contains("tool_calls")) calls.push_back(d["tool_calls"][0]);
-    }
+    std::vector<std::string> bytes;
+    for (char c : "Sure: " + text) bytes.emplace_back(1, c);
+    const auto [content, calls] = Stream(stream, bytes);
     EXPECT_EQ(content, "Sure: ");
     ASSERT_EQ(calls.size(), 2u) << text;
     EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
