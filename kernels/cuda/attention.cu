@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float q_shared[kMaxHeadDim];
   __shared__ float scores[kTile];
   __shared__ int64_t rows[kTile];  // element offset of each tile slot's K/V row
+  internal::LetDependentsStart();  // the o projection may start streaming its weights
 
   const int t = blockIdx.x;
   const int head = blockIdx.y;
@@ -212,6 +213,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float group_m[kGroups];
   __shared__ float group_l[kGroups];
   __shared__ float group_o[kGroups * kHeadDim];
+  internal::LetDependentsStart();  // the o projection may start streaming its weights
 
   const int t = blockIdx.x;
   const int head = blockIdx.y;
@@ -337,6 +339,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void MergeKernel(const float* partial_o, const float* partial_m, const float* partial_l,
                             int splits, int q_heads, int head_dim, __nv_bfloat16* out,
                             int out_stride) {
+  internal::LetDependentsStart();  // the o projection may start streaming its weights
   const int t = blockIdx.x;
   const int head = blockIdx.y;
   const int total_tokens = gridDim.x;

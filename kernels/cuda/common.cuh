@@ -86,6 +86,24 @@ __device__ T BlockExclusiveScan(T value, T* shared, T* total) {
   return before + (lane == 0 ? T(0) : lane_before);
 }
 
+// Programmatic dependent launch (sm_90+; no-ops below). A kernel launched with the programmatic
+// stream-serialization attribute may start while the kernel before it still runs; it must call
+// WaitForPrecedingKernel() before it reads anything that kernel wrote (the wait returns once the
+// preceding kernel has finished and its writes are visible). A kernel that calls
+// LetDependentsStart() lets such a successor be scheduled from then on, so that the successor's
+// launch and its independent loads (weights) overlap this kernel's work.
+__device__ __forceinline__ void WaitForPrecedingKernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void LetDependentsStart() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // Host-side helpers for Check().
 inline bool Aligned(const void* pointer, size_t alignment) {
   return reinterpret_cast<uintptr_t>(pointer) % alignment == 0;

@@ -19,6 +19,7 @@ constexpr int kWidth = 8;
 template <typename Pack, int kPack>
 __global__ void GatherKernel(const int32_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out,
                              int vocab, int hidden, int out_stride) {
+  internal::LetDependentsStart();  // the LM head may start streaming its weights
   const int t = blockIdx.x;
   // Clamped: a bad id must not read outside the table (the host is expected to reject it).
   const int id = min(max(ids[t], 0), vocab - 1);

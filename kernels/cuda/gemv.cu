@@ -1,6 +1,9 @@
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -43,49 +46,84 @@ __device__ __forceinline__ float RoundLike(__nv_bfloat16, float v) {
   return __bfloat162float(__float2bfloat16(v));
 }
 
-// Grid: ceil(n / kGemvWarps) CTAs; warp w of CTA b owns column c = b * kGemvWarps + w. Lane l
-// reads the 16-byte vectors l, l + 32, ... of weight row c and the same vectors of each x row.
-template <int M, typename T>
+// Grid: ceil(n * S / kGemvWarps) CTAs; the S consecutive warps w of CTA b with the same w / S
+// own column c = b * (kGemvWarps / S) + w / S, each one of S near-equal slices of k (split-k:
+// a short product gets S times as many warps streaming its weights). Lane l reads the 16-byte
+// vectors begin + l, begin + l + 32, ... of its slice of weight row c and the same vectors of
+// each x row. With S > 1 the slices' sums meet in shared memory, added in slice order.
+template <int M, int S, typename T>
 __global__ void __launch_bounds__(kGemvThreads)
     GemvKernel(const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w,
                int ldw, const __nv_bfloat16* __restrict__ bias, T* y, int ldy, int n, int k,
                float alpha, float beta) {
+  static_assert(kGemvWarps % S == 0, "a CTA holds whole columns");
+  __shared__ float partial[S > 1 ? kGemvWarps : 1][M];
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int c = blockIdx.x * kGemvWarps + warp;
-  if (c >= n) return;
-  const uint4* row = reinterpret_cast<const uint4*>(w + static_cast<size_t>(c) * ldw);
+  const int c = blockIdx.x * (kGemvWarps / S) + warp / S;
+  const int slice = warp % S;
   const int vectors = k / kVector;
-  const int x_stride = ldx / kVector;
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const int end = static_cast<int>(static_cast<int64_t>(vectors) * (slice + 1) / S);
   float acc[M];
 #pragma unroll
   for (int r = 0; r < M; ++r) acc[r] = 0.0f;
 
-  int v = lane;
-  // Full rounds: kUnroll loads per lane issued before any is used.
-  for (; v + (kUnroll - 1) * kWarpSize < vectors; v += kUnroll * kWarpSize) {
+  if (c < n) {
+    const uint4* row = reinterpret_cast<const uint4*>(w + static_cast<size_t>(c) * ldw);
+    const int x_stride = ldx / kVector;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    // The first round of weight loads goes out before waiting for the kernel that writes x:
+    // with a programmatic launch this overlaps that kernel (the weights never depend on it).
+    int v = static_cast<int>(static_cast<int64_t>(vectors) * slice / S) + lane;
     uint4 wv[kUnroll];
+    bool full = v + (kUnroll - 1) * kWarpSize < end;
+    if (full) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + v + u * kWarpSize);  // streamed once
+      for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + v + u * kWarpSize);  // read once
+    }
+    WaitForPrecedingKernel();
+    // Full rounds: kUnroll loads per lane issued before any is used.
+    while (full) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int r = 0; r < M; ++r) {
-        AccumulateVector(wv[u], __ldg(xv + static_cast<size_t>(r) * x_stride + v + u * kWarpSize),
-                         acc[r]);
+        for (int r = 0; r < M; ++r) {
+          AccumulateVector(wv[u], __ldg(xv + static_cast<size_t>(r) * x_stride + v + u * kWarpSize),
+                           acc[r]);
+        }
+      }
+      v += kUnroll * kWarpSize;
+      full = v + (kUnroll - 1) * kWarpSize < end;
+      if (full) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + v + u * kWarpSize);
       }
     }
-  }
-  for (; v < vectors; v += kWarpSize) {
-    const uint4 wv = __ldcs(row + v);
+    for (; v < end; v += kWarpSize) {
+      const uint4 tail = __ldcs(row + v);
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-      AccumulateVector(wv, __ldg(xv + static_cast<size_t>(r) * x_stride + v), acc[r]);
+      for (int r = 0; r < M; ++r) {
+        AccumulateVector(tail, __ldg(xv + static_cast<size_t>(r) * x_stride + v), acc[r]);
+      }
     }
   }
 #pragma unroll
   for (int r = 0; r < M; ++r) acc[r] = WarpSum(acc[r]);
+  if constexpr (S > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < M; ++r) partial[warp][r] = acc[r];
+    }
+    __syncthreads();  // every warp reaches it: columns past n only add zeros
+    if (slice != 0) return;
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      acc[r] = partial[warp][r];
+#pragma unroll
+      for (int s = 1; s < S; ++s) acc[r] += partial[warp + s][r];
+    }
+  }
+  if (c >= n) return;
     // Lane r writes row r (M <= kGemvMaxRows < 32), so the stores of one column go out together.
 #pragma unroll
   for (int r = 0; r < M; ++r) {
@@ -98,20 +136,93 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// Programmatic dependent launch (common.cuh) on devices that have it (compute capability 9.0+),
+// unless switched off with TANDEM_CUDA_PDL=0 (read once per process; for side-by-side timings).
+bool ProgrammaticLaunch() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("TANDEM_CUDA_PDL");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  if (!enabled) return false;
+  // Per device: 0 not yet asked, 1 without, 2 with.
+  static std::array<std::atomic<int>, 64> known{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= static_cast<int>(known.size())) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    state = major >= 9 ? 2 : 1;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 2;
+}
+
+// Warps per column: the fewest (1, 2, 4 or 8) that give the product kSplitWarps warps in all,
+// while every warp keeps at least one full round of loads per lane (k / 8 / S >= 32 * kUnroll).
+// TANDEM_CUDA_GEMV_SPLIT=0 keeps one warp per column (read once per process; for side-by-side
+// timings).
+constexpr int kSplitWarps = 16384;  // 2048 CTAs: about 15 per multiprocessor of an H100/H200
+
+int SplitFor(int n, int k) {
+  static const bool enabled = [] {
+    const char* value = std::getenv("TANDEM_CUDA_GEMV_SPLIT");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  if (!enabled) return 1;
+  int split = 1;
+  while (split < 8 && static_cast<int64_t>(n) * split < kSplitWarps &&
+         k / kVector / (2 * split) >= kWarpSize * kUnroll) {
+    split *= 2;
+  }
+  return split;
+}
+
 template <typename T>
 absl::Status Launch(const GemmParams& p, T* y, cudaStream_t stream) {
-  const dim3 grid(CeilDiv(p.n, kGemvWarps));
+  const int split = SplitFor(p.n, p.k);
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(CeilDiv(p.n, kGemvWarps / split));
+  config.blockDim = dim3(kGemvThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = ProgrammaticLaunch() ? 1 : 0;
   const auto launch = [&](auto kernel) {
-    kernel<<<grid, kGemvThreads, 0, stream>>>(p.x, p.ldx, p.w, p.ldw, p.bias, y, p.ldy, p.n, p.k,
-                                              p.alpha, p.beta);
+    return cudaLaunchKernelEx(&config, kernel, p.x, p.ldx, p.w, p.ldw, p.bias, y, p.ldy, p.n, p.k,
+                              p.alpha, p.beta);
+  };
+  // One instance per (rows, warps per column).
+  const auto for_rows = [&](auto rows) -> cudaError_t {
+    constexpr int M = decltype(rows)::value;
+    switch (split) {
+      case 1:
+        return launch(GemvKernel<M, 1, T>);
+      case 2:
+        return launch(GemvKernel<M, 2, T>);
+      case 4:
+        return launch(GemvKernel<M, 4, T>);
+      default:
+        return launch(GemvKernel<M, 8, T>);
+    }
   };
   static_assert(kGemvMaxRows == 2, "one case per row count below");
   switch (p.m) {
     case 1:
-      launch(GemvKernel<1, T>);
+      TANDEM_CUDA_RETURN_IF_ERROR(for_rows(std::integral_constant<int, 1>()));
       break;
     case 2:
-      launch(GemvKernel<2, T>);
+      TANDEM_CUDA_RETURN_IF_ERROR(for_rows(std::integral_constant<int, 2>()));
       break;
     default:
       return absl::InternalError("GemvKernel launched with m outside [1, kGemvMaxRows]");

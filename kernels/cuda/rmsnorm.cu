@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/rmsnorm.cuh"
 
@@ -47,6 +48,7 @@ template <int kWidth, bool kResidual>
 __global__ void RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                               const __nv_bfloat16* weight, __nv_bfloat16* y, int dim, float eps) {
   __shared__ float partials[kMaxThreads / kWarpSize];
+  internal::LetDependentsStart();  // the next projection may start streaming its weights
   const size_t row_start = static_cast<size_t>(blockIdx.x) * static_cast<size_t>(dim);
   const int packs = dim / kWidth;
   const auto* x_row = reinterpret_cast<const Pack<kWidth>*>(x + row_start);

@@ -42,6 +42,48 @@ __global__ void RopeKernel(__nv_bfloat16* q, int q_stride, int q_heads, __nv_bfl
   }
 }
 
+constexpr int kNormWarps = 4;  // heads per CTA of the normalising kernel
+
+// Grid (token, chunk of kNormWarps heads): one warp per head, the q heads then the k heads.
+// Lane l owns the pairs (i, i + half) for i = l, l + 32, ...: it sums their squares, the warp
+// reduces, and the lane then normalises, rounds and rotates its own pairs in place.
+__global__ void __launch_bounds__(kNormWarps* internal::kWarpSize)
+    NormRopeKernel(__nv_bfloat16* q, int q_stride, int q_heads, __nv_bfloat16* k, int k_stride,
+                   int k_heads, const int32_t* positions, const float* inv_freq, float scaling,
+                   int head_dim, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
+                   float eps) {
+  const int t = blockIdx.x;
+  const int head = blockIdx.y * kNormWarps + threadIdx.x / internal::kWarpSize;
+  const int lane = threadIdx.x % internal::kWarpSize;
+  if (head >= q_heads + k_heads) return;
+  const bool is_q = head < q_heads;
+  __nv_bfloat16* v = is_q ? q + static_cast<size_t>(t) * q_stride + head * head_dim
+                          : k + static_cast<size_t>(t) * k_stride + (head - q_heads) * head_dim;
+  const __nv_bfloat16* weight = is_q ? q_norm : k_norm;
+  const int half = head_dim / 2;
+  float sum_squares = 0.0f;
+  for (int i = lane; i < half; i += internal::kWarpSize) {
+    const float a = __bfloat162float(v[i]);
+    const float b = __bfloat162float(v[i + half]);
+    sum_squares += a * a + b * b;
+  }
+  const float scale = rsqrtf(internal::WarpSum(sum_squares) / static_cast<float>(head_dim) + eps);
+  const float position = static_cast<float>(positions[t]);
+  for (int i = lane; i < half; i += internal::kWarpSize) {
+    // The norm's output as the norm kernel stores it: (x * scale) * w, rounded to bf16.
+    const float a = __bfloat162float(
+        __float2bfloat16(__bfloat162float(v[i]) * scale * __bfloat162float(weight[i])));
+    const float b = __bfloat162float(__float2bfloat16(__bfloat162float(v[i + half]) * scale *
+                                                      __bfloat162float(weight[i + half])));
+    float s, c;
+    sincosf(position * inv_freq[i], &s, &c);
+    c *= scaling;
+    s *= scaling;
+    v[i] = __float2bfloat16(a * c - b * s);
+    v[i + half] = __float2bfloat16(b * c + a * s);
+  }
+}
+
 }  // namespace
 
 absl::Status RopeParams::Check() const {
@@ -59,6 +101,12 @@ absl::Status RopeParams::Check() const {
     return bad("k_stride ", k_stride, " is below k_heads * head_dim ", k_heads * head_dim);
   }
   if (!std::isfinite(attention_scaling)) return bad("attention_scaling must be finite");
+  if ((q_norm == nullptr) != (k_norm == nullptr)) {
+    return bad("q_norm and k_norm must be set together (or neither)");
+  }
+  if (!std::isfinite(norm_eps) || norm_eps < 0.0f) {
+    return bad("norm_eps must be finite and >= 0, got ", norm_eps);
+  }
   if (tokens == 0 || q_heads + k_heads == 0) return absl::OkStatus();
   if (q_heads > 0 && q == nullptr) return bad("q is null");
   if (k_heads > 0 && k == nullptr) return bad("k is null");
@@ -80,6 +128,15 @@ absl::Status Invoke(const RopeParams& params, cudaStream_t stream) {
   if (absl::Status status = params.Check(); !status.ok()) return status;
   const int pairs = (params.q_heads + params.k_heads) * params.head_dim / 2;
   if (params.tokens == 0 || pairs == 0) return absl::OkStatus();
+  if (params.q_norm != nullptr) {
+    const dim3 grid(params.tokens, internal::CeilDiv(params.q_heads + params.k_heads, kNormWarps));
+    NormRopeKernel<<<grid, kNormWarps * internal::kWarpSize, 0, stream>>>(
+        params.q, params.q_stride, params.q_heads, params.k, params.k_stride, params.k_heads,
+        params.positions, params.inv_freq, params.attention_scaling, params.head_dim, params.q_norm,
+        params.k_norm, params.norm_eps);
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
   const int threads = std::min(kThreads, internal::CeilDiv(pairs, 32) * 32);
   const dim3 grid(params.tokens, internal::CeilDiv(pairs, threads));
   RopeKernel<<<grid, threads, 0, stream>>>(

@@ -4,6 +4,10 @@
 // bf16 in memory; angles, cos/sin and the rotation in fp32 (angle = float(position) *
 // inv_freq[i], the CPU reference's order). Dynamic NTK scaling, whose table depends on the
 // sequence, takes one launch per extend with that extend's table.
+//
+// With q_norm and k_norm set (Qwen3's per-head RMSNorm before the rotation), each head is first
+// RMS-normalised over head_dim and scaled by its weight, rounded to bf16 as a separate norm
+// kernel would store it, then rotated: one launch instead of two norms and a rotation.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,18 +21,21 @@
 namespace tandem::kernels::cuda {
 
 struct RopeParams {
-  __nv_bfloat16* q = nullptr;          // [tokens, q_heads, head_dim], row stride q_stride
-  int q_stride = 0;                    // elements between tokens, >= q_heads * head_dim
-  int q_heads = 0;                     // >= 0
-  __nv_bfloat16* k = nullptr;          // [tokens, k_heads, head_dim], row stride k_stride
-  int k_stride = 0;                    // (null with k_heads == 0: q only)
-  int k_heads = 0;                     // >= 0
-  const int32_t* positions = nullptr;  // [tokens] device
-  const float* inv_freq = nullptr;     // [head_dim / 2] device, fp32
-  float attention_scaling = 1.0f;      // multiplies cos and sin (YaRN / LongRoPE)
-  int tokens = 0;                      // 0 is a valid no-op
-  int head_dim = 0;                    // even, > 0
-  void* workspace = nullptr;           // unused (WorkspaceBytes is 0)
+  __nv_bfloat16* q = nullptr;             // [tokens, q_heads, head_dim], row stride q_stride
+  int q_stride = 0;                       // elements between tokens, >= q_heads * head_dim
+  int q_heads = 0;                        // >= 0
+  __nv_bfloat16* k = nullptr;             // [tokens, k_heads, head_dim], row stride k_stride
+  int k_stride = 0;                       // (null with k_heads == 0: q only)
+  int k_heads = 0;                        // >= 0
+  const int32_t* positions = nullptr;     // [tokens] device
+  const float* inv_freq = nullptr;        // [head_dim / 2] device, fp32
+  float attention_scaling = 1.0f;         // multiplies cos and sin (YaRN / LongRoPE)
+  const __nv_bfloat16* q_norm = nullptr;  // [head_dim] device, or null: no norm (with k_norm)
+  const __nv_bfloat16* k_norm = nullptr;  // [head_dim] device; set together with q_norm
+  float norm_eps = 0.0f;                  // the norms' epsilon, finite, >= 0
+  int tokens = 0;                         // 0 is a valid no-op
+  int head_dim = 0;                       // even, > 0
+  void* workspace = nullptr;              // unused (WorkspaceBytes is 0)
   size_t workspace_bytes = 0;
 
   // INVALID_ARGUMENT naming the bad field; host only. q and k may share one row (the fused qkv

@@ -13,6 +13,7 @@ constexpr int kThreads = 256;
 // Grid (rows, column blocks): consecutive threads take consecutive columns of one row, so the
 // gate and up reads and the out write are each coalesced.
 __global__ void SwiGluKernel(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int inter) {
+  internal::LetDependentsStart();  // the down projection may start streaming its weights
   const int r = blockIdx.x;
   const int i = blockIdx.y * blockDim.x + threadIdx.x;
   if (i >= inter) return;

@@ -236,6 +236,18 @@ TEST_F(GemmCudaTest, SmallRowCountsMatchCpu) {
   Run(9, 64, 256, GemmOutput::kBf16, false, false, 0);
 }
 
+// Short products split k over 2, 4 or 8 warps per column (gemv.cu SplitFor), slices of unequal
+// length included; every output checked.
+TEST_F(GemmCudaTest, SplitKProductsMatchCpu) {
+  for (int m = 1; m <= 2; ++m) {
+    Run(m, 1024, 4096, GemmOutput::kBf16, m == 2, false, 0);        // 4 warps per column
+    Run(m, 4096, 4096 + 24, GemmOutput::kBf16, m == 1, m == 2, 8);  // 4, uneven slices
+    Run(m, 96, 8192 + 8, GemmOutput::kFloat32, false, m == 1, 0);   // 8, uneven slices
+    Run(m, 6144, 2048, GemmOutput::kBf16, false, false, 0);         // 2
+    Run(m, 3, 12288, GemmOutput::kFloat32, true, false, 0);         // 8: a CTA per column
+  }
+}
+
 TEST_F(GemmCudaTest, Fp32OutputMatchesCpu) {
   Run(3, 1000, 256, GemmOutput::kFloat32, false, false, 0);  // logits
   Run(9, 65, 129, GemmOutput::kFloat32, true, true, 8);

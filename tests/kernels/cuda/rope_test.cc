@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
@@ -77,13 +78,22 @@ TEST_F(RopeCheckTest, RejectsBadFields) {
   p = Valid();
   p.attention_scaling = std::nanf("");
   ExpectInvalid(p, "attention_scaling");
+  p = Valid();
+  p.q_norm = row_.data();  // without k_norm
+  ExpectInvalid(p, "set together");
+  p.k_norm = row_.data();
+  EXPECT_TRUE(p.Check().ok()) << p.Check();
+  p.norm_eps = -1.0f;
+  ExpectInvalid(p, "norm_eps");
 }
 
 class RopeCudaTest : public testing::CudaTest {
  protected:
-  void Run(int tokens, int q_heads, int k_heads, int head_dim, int max_position, float scaling) {
+  // With `norm`, each q and k head is RMS-normalised with its own weight first (Qwen3).
+  void Run(int tokens, int q_heads, int k_heads, int head_dim, int max_position, float scaling,
+           bool norm = false) {
     SCOPED_TRACE(absl::StrCat("tokens ", tokens, " heads ", q_heads, "/", k_heads, " head_dim ",
-                              head_dim, " max_position ", max_position));
+                              head_dim, " max_position ", max_position, norm ? " normed" : ""));
     // A fused [tokens, q | k | v] row like the qkv projection's output; v must stay untouched.
     const int stride = (q_heads + 2 * k_heads) * head_dim;
     const size_t n = static_cast<size_t>(tokens) * stride;
@@ -99,7 +109,25 @@ class RopeCudaTest : public testing::CudaTest {
       inv_freq[i] = 1.0f / std::pow(1e6f, 2.0f * i / head_dim);
     }
 
+    constexpr float kEps = 1e-6f;
+    const std::vector<Bf16> q_norm = testing::RandomBf16(rng_, head_dim, 1.0f, 0.3f);
+    const std::vector<Bf16> k_norm = testing::RandomBf16(rng_, head_dim, 1.0f, 0.3f);
     std::vector<float> want = testing::ToFloat(x);
+    if (norm) {
+      // The norm's output as stored in bf16, which the rotation then reads.
+      const std::vector<float> q_weight = testing::ToFloat(q_norm);
+      const std::vector<float> k_weight = testing::ToFloat(k_norm);
+      for (int t = 0; t < tokens; ++t) {
+        float* row = want.data() + static_cast<size_t>(t) * stride;
+        cpu::RmsNorm(row, q_weight.data(), row, q_heads, head_dim, kEps);
+        cpu::RmsNorm(row + q_heads * head_dim, k_weight.data(), row + q_heads * head_dim, k_heads,
+                     head_dim, kEps);
+        for (int i = 0; i < (q_heads + k_heads) * head_dim; ++i) {
+          row[i] = __bfloat162float(__float2bfloat16(row[i]));
+        }
+      }
+    }
+    const std::vector<float> rotated_in = want;
     for (int part = 0; part < 2; ++part) {
       cpu::RopeParams rp;
       rp.x = want.data() + (part == 0 ? 0 : q_heads * head_dim);
@@ -117,7 +145,9 @@ class RopeCudaTest : public testing::CudaTest {
     auto d_x = testing::Upload(x);
     auto d_positions = testing::Upload(positions);
     auto d_inv_freq = testing::Upload(inv_freq);
-    ASSERT_TRUE(d_x.ok() && d_positions.ok() && d_inv_freq.ok());
+    auto d_q_norm = testing::Upload(q_norm);
+    auto d_k_norm = testing::Upload(k_norm);
+    ASSERT_TRUE(d_x.ok() && d_positions.ok() && d_inv_freq.ok() && d_q_norm.ok() && d_k_norm.ok());
     RopeParams p;
     p.q = d_x->get();
     p.q_stride = stride;
@@ -130,6 +160,11 @@ class RopeCudaTest : public testing::CudaTest {
     p.attention_scaling = scaling;
     p.tokens = tokens;
     p.head_dim = head_dim;
+    if (norm) {
+      p.q_norm = d_q_norm->get();
+      p.k_norm = d_k_norm->get();
+      p.norm_eps = kEps;
+    }
     ASSERT_TRUE(Invoke(p, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     auto got = testing::Download(d_x->get(), n);
@@ -137,9 +172,11 @@ class RopeCudaTest : public testing::CudaTest {
     // An output is a*cos -/+ b*sin of the pair (a, b): it may cancel, so the bound scales with
     // the pair's magnitude. Both sides form the same fp32 angle (one multiply); cos/sin differ by
     // an ulp or two and the products may be fused, ~1e-7 of the magnitude; then the bf16
-    // rounding of the output.
+    // rounding of the output. Normed, the rotation's inputs may each sit one bf16 step apart
+    // (the sum of squares is added in another order, so the scale differs in its last bits).
     const int half = head_dim / 2;
-    const std::vector<float> x_float = testing::ToFloat(x);
+    const std::vector<float>& x_float = rotated_in;
+    const float input_rounding = norm ? testing::kBf16Unit : 0.0f;
     EXPECT_TRUE(testing::AllWithin("x", *got, want, stride, [&](size_t i) {
       const int col = static_cast<int>(i % stride);
       if (col >= (q_heads + k_heads) * head_dim) return 0.0f;  // v: untouched, exactly
@@ -148,7 +185,8 @@ class RopeCudaTest : public testing::CudaTest {
       const float a = x_float[base + d % half];
       const float b = x_float[base + d % half + half];
       const float magnitude = (std::fabs(a) + std::fabs(b)) * std::fabs(scaling);
-      return testing::kBf16Unit * std::fabs(want[i]) + 1e-6f * magnitude + 1e-30f;
+      return testing::kBf16Unit * std::fabs(want[i]) + (1e-6f + input_rounding) * magnitude +
+             1e-30f;
     }));
   }
 };
@@ -158,6 +196,13 @@ TEST_F(RopeCudaTest, MatchesCpu) {
   Run(7, 8, 2, 64, 4096, 1.0f);
   Run(33, 16, 4, 128, 131072, 1.0f);  // long-context positions
   Run(5, 12, 12, 80, 100, 1.1f);      // MHA, non-power-of-two head_dim, scaling
+}
+
+TEST_F(RopeCudaTest, NormedHeadsMatchCpuNormThenRotation) {
+  Run(1, 1, 1, 2, 10, 1.0f, true);
+  Run(7, 32, 8, 128, 40960, 1.0f, true);  // Qwen3-8B's heads
+  Run(3, 12, 4, 80, 100, 1.1f, true);     // head_dim not a multiple of 64
+  Run(2, 4, 2, 256, 1000, 1.0f, true);    // two pairs per lane
 }
 
 }  // namespace

@@ -111,7 +111,6 @@ absl::Status CudaTransformer::Init() {
       if (!host->empty()) TANDEM_RETURN_IF_ERROR(UploadBf16(*device, *host));
     }
   }
-  split_qkv_ = !w.layers.empty() && !w.layers[0].q_norm.empty();
   RopeTables rope = ComputeRope(c);
   TANDEM_RETURN_IF_ERROR(inv_freq_.Upload(rope.inv_freq.data(), rope.inv_freq.size()));
   rope_scaling_ = rope.attention_scaling;
@@ -395,32 +394,18 @@ absl::Status CudaTransformer::Enqueue(StepBuffers& b, const StepInputs& in, Cuda
   TANDEM_RETURN_IF_ERROR(
       norm(b.x.get(), nullptr, layers_[0].input_norm.get(), b.h.get(), t, hidden));
 
-  // Where q, k and v of a token live: fused [t, width] rows, or three contiguous blocks.
+  // q, k and v of a token: one fused [t, width] row from one projection.
   Bf16* q = b.qkv.get();
-  Bf16* k = split_qkv_ ? q + static_cast<size_t>(b.token_capacity) * qd : q + qd;
-  Bf16* v = split_qkv_ ? k + static_cast<size_t>(b.token_capacity) * kd : q + qd + kd;
-  const int q_stride = split_qkv_ ? qd : width;
-  const int kv_stride = split_qkv_ ? kd : width;
+  Bf16* k = q + qd;
+  Bf16* v = q + qd + kd;
+  const int q_stride = width;
+  const int kv_stride = width;
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const DeviceLayer& L = layers_[layer];
     const LayerWeights& H = w.layers[layer];
-    const Bf16* qkv_bias = OrNull(L.qkv_bias, H.qkv_bias);
-    if (split_qkv_) {
-      const Bf16* wq = L.qkv.get();
-      const Bf16* wk = wq + static_cast<size_t>(qd) * hidden;
-      const Bf16* wv = wk + static_cast<size_t>(kd) * hidden;
-      TANDEM_RETURN_IF_ERROR(Gemm(b.h.get(), hidden, wq, qkv_bias, q, qd, false, t, qd, hidden, b));
-      TANDEM_RETURN_IF_ERROR(Gemm(b.h.get(), hidden, wk,
-                                  qkv_bias == nullptr ? nullptr : qkv_bias + qd, k, kd, false, t,
-                                  kd, hidden, b));
-      TANDEM_RETURN_IF_ERROR(Gemm(b.h.get(), hidden, wv,
-                                  qkv_bias == nullptr ? nullptr : qkv_bias + qd + kd, v, kd, false,
-                                  t, kd, hidden, b));
-    } else {
-      TANDEM_RETURN_IF_ERROR(
-          Gemm(b.h.get(), hidden, L.qkv.get(), qkv_bias, q, width, false, t, width, hidden, b));
-    }
+    TANDEM_RETURN_IF_ERROR(Gemm(b.h.get(), hidden, L.qkv.get(), OrNull(L.qkv_bias, H.qkv_bias), q,
+                                width, false, t, width, hidden, b));
     if (lora) {
       TANDEM_RETURN_IF_ERROR(Lora(layer, static_cast<int>(LoraTarget::kQ), b.h.get(), hidden,
                                   hidden, q, q_stride, t, b));
@@ -429,10 +414,8 @@ absl::Status CudaTransformer::Enqueue(StepBuffers& b, const StepInputs& in, Cuda
       TANDEM_RETURN_IF_ERROR(Lora(layer, static_cast<int>(LoraTarget::kV), b.h.get(), hidden,
                                   hidden, v, kv_stride, t, b));
     }
-    if (split_qkv_) {
-      TANDEM_RETURN_IF_ERROR(norm(q, nullptr, L.q_norm.get(), q, t * hq, d));
-      TANDEM_RETURN_IF_ERROR(norm(k, nullptr, L.k_norm.get(), k, t * hkv, d));
-    }
+    // Qwen3's per-head q/k norms run inside the rotation's launch.
+    const bool qk_norm = !H.q_norm.empty();
     auto rope = [&](int first, int tokens, const float* inv_freq, float scaling) {
       kcu::RopeParams p;
       p.q = q + static_cast<size_t>(first) * q_stride;
@@ -446,6 +429,11 @@ absl::Status CudaTransformer::Enqueue(StepBuffers& b, const StepInputs& in, Cuda
       p.attention_scaling = scaling;
       p.tokens = tokens;
       p.head_dim = d;
+      if (qk_norm) {
+        p.q_norm = L.q_norm.get();
+        p.k_norm = L.k_norm.get();
+        p.norm_eps = c.rms_norm_eps;
+      }
       return kcu::Invoke(p, stream_);
     };
     if (!dynamic_rope_) {

@@ -207,7 +207,6 @@ class CudaTransformer final : public ModelBackend {
 
   const Transformer* model_;
   bool graphs_;
-  bool split_qkv_ = false;  // q/k norms: q, k and v projected apart
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cuda_backend::DeviceArray<Bf16> embed_, head_, final_norm_;
