@@ -3,6 +3,7 @@
 repository root, with the kit that scripts/gpu/pack.sh made.
 
     scripts/gpu/check.sh OUT [--kit DIR] [--budget SECONDS] [--steps a,b,...] [--device cpu]
+                          [--switch VAR=VALUE ...]
 
 Writes OUT/summary.json (rewritten after every step, so a run cut short still leaves what it
 found) and OUT/check.log (every step's command and output). Each step is time-boxed and a
@@ -18,6 +19,9 @@ Steps, in order (the last ones are cut first when the budget runs out):
            the start) on the CPU: greedy outputs compared token by token
   engine   `tandem bench engine` on a Qwen3-8B-shaped bf16 model: decode, copy bandwidth,
            verify cost, step-time grid
+  switches with --switch VAR=VALUE (repeatable): the engine's batch-1 decode and verify again
+           with that variable set (docs/GPU.md "Looking closer"), beside the engine step's
+           numbers
   torch    tools/bench/torch_peer.py: transformers' Qwen3 of the same shape, CUDA graphs
   cluster  `tandem up --device cuda` (verifier and drafter on the GPU), OpenAI HTTP streaming,
            `tandem bench serve` at C = 1, 4, 16, 64 with auto against the fixed modes
@@ -47,6 +51,7 @@ STEPS = [
     ("tests", True, 150, 30),
     ("modes", True, 90, 30),
     ("engine", True, 150, 60),
+    ("switches", True, 120, 50),
     ("torch", True, 120, 45),
     ("cluster", True, 120, 60),
 ]
@@ -71,6 +76,7 @@ class Run:
         self.device = device  # "cuda", or "cpu" for the rehearsal
         self.kit_dir = kit_dir
         self.budget = budget
+        self.switches = []  # VAR=VALUE settings for the switches step
         self.started = time.monotonic()
         self.log = open(os.path.join(out, "check.log"), "w", encoding="utf-8")
         self.summary = {
@@ -429,15 +435,20 @@ def tests(run, deadline):
 
 # --- engine and torch -------------------------------------------------------------------------
 
-def engine(run, deadline):
-    left = deadline - time.monotonic()
+def engine_argv(run):
+    """`tandem bench engine` on the step's model, without the grid on a GPU."""
     argv = [run.bin("tandem"), "bench", "engine", "--json", "--device", run.device]
     if run.device == "cpu":
-        argv += ["--shape", "small", "--layers", "2", "--decode-steps", "8", "--prefill-tokens",
-                 "64", "--grid-batches", "1,2", "--grid-extends", "1,16", "--grid-contexts", "512",
-                 "--grid-reps", "2"]
-    else:
-        argv += ["--shape", "qwen3-8b", "--decode-steps", "128", "--prefill-tokens", "512"]
+        return argv + ["--shape", "small", "--layers", "2", "--decode-steps", "8",
+                       "--prefill-tokens", "64", "--grid-batches", "1,2", "--grid-extends",
+                       "1,16", "--grid-contexts", "512", "--grid-reps", "2"]
+    return argv + ["--shape", "qwen3-8b", "--decode-steps", "128", "--prefill-tokens", "512"]
+
+
+def engine(run, deadline):
+    left = deadline - time.monotonic()
+    argv = engine_argv(run)
+    if run.device != "cpu":
         # Cut first: the grid's long context, then the grid.
         contexts = "512,4096" if left > 110 else "512"
         if left > 80:
@@ -448,6 +459,51 @@ def engine(run, deadline):
     if result is None:
         return {"status": "timeout" if code is None else "failed", "seconds": seconds}
     return {"status": "ok", "seconds": seconds, "result": result}
+
+
+def batch1_points(result):
+    """{extend: step ms} of the grid's batch-1 points at its first context."""
+    points = (result.get("grid") or {}).get("points") or []
+    first = min((p["context"] for p in points), default=None)
+    return {str(p["extend"]): p["step_ms"] for p in points
+            if p["batch"] == 1 and p["context"] == first}
+
+
+def switches(run, deadline):
+    """The engine's decode and batch-1 verify again under each --switch, beside the engine
+    step's (the same decode measurement; the same grid points and repetitions)."""
+    base = run.summary["steps"].get("engine", {}).get("result")
+    base_points = batch1_points(base) if base else {}
+    found = []
+    for setting in run.switches:
+        name, _, value = setting.partition("=")
+        left = deadline - time.monotonic()
+        if left < 30:
+            found.append({"switch": setting, "status": "skipped: out of time"})
+            continue
+        argv = engine_argv(run)
+        if run.device != "cpu":
+            argv += ["--grid-batches", "1", "--grid-extends", "1,2,16", "--grid-contexts", "512",
+                     "--grid-reps", "5"]
+        env = dict(run.env)
+        env[name] = value
+        code, stdout, seconds = run.execute(argv, left, env=env)
+        result = parse_json(stdout) if code == 0 else None
+        if result is None:
+            found.append({"switch": setting, "seconds": seconds,
+                          "status": "timeout" if code is None else "failed"})
+            continue
+        entry = {"switch": setting, "status": "ok", "seconds": seconds,
+                 "decode_tokens_per_second": result["decode"]["tokens_per_second"],
+                 "batch1_step_ms": batch1_points(result)}
+        if base:
+            # Above 1: the default (the engine step) is faster than with the switch.
+            entry["default_over_switch"] = (base["decode"]["tokens_per_second"] /
+                                            result["decode"]["tokens_per_second"])
+            entry["default_batch1_step_ms"] = base_points
+        found.append(entry)
+    bad = [f for f in found if f["status"] != "ok"]
+    return {"status": "ok" if not bad else bad[0]["status"], "switches": found}
 
 
 def torch_peer(run, deadline):
@@ -689,6 +745,11 @@ def closing_table(summary):
             d = step["result"]["decode"]
             detail = (f"decode {d['tokens_per_second']:.1f} tok/s, bandwidth efficiency "
                       f"{d['bandwidth_efficiency']:.3f}")
+        if name == "switches":
+            detail = "; ".join(
+                f"{f['switch']}: default {f['default_over_switch']:.3f}x as fast"
+                if "default_over_switch" in f else f"{f['switch']}: {f['status']}"
+                for f in step.get("switches", []))
         if name == "torch" and "result" in step:
             detail = f"{step['result'].get('tokens_per_second') or 0:.1f} tok/s"
         if name == "modes" and "lossless_not_exact_vs_gpu_ar" in step:
@@ -706,8 +767,8 @@ def closing_table(summary):
 
 # --- main -------------------------------------------------------------------------------------
 
-RUNNERS = {"tests": tests, "modes": modes, "engine": engine, "torch": torch_peer,
-           "cluster": cluster}
+RUNNERS = {"tests": tests, "modes": modes, "engine": engine, "switches": switches,
+           "torch": torch_peer, "cluster": cluster}
 
 
 def main():
@@ -721,13 +782,21 @@ def main():
                         help="comma-separated steps to run (default: all)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: the rehearsal, every step on the CPU at toy sizes")
+    parser.add_argument("--switch", action="append", default=[], metavar="VAR=VALUE",
+                        help="the switches step: measure the engine again with VAR=VALUE")
     args = parser.parse_args()
+    bad_switches = [s for s in args.switch if not re.fullmatch(r"[A-Z][A-Z0-9_]*=.*", s)]
+    if bad_switches:
+        parser.error(f"--switch takes VAR=VALUE, got {bad_switches}")
     wanted = [s for s in args.steps.split(",") if s]
+    if not args.switch and "switches" in wanted:
+        wanted.remove("switches")  # nothing to switch
     unknown = [s for s in wanted if s not in RUNNERS]
     if unknown:
         parser.error(f"unknown steps {unknown}; known: {list(RUNNERS)}")
     os.makedirs(args.out, exist_ok=True)
     run = Run(os.path.abspath(args.out), os.path.abspath(args.kit), args.budget, args.device)
+    run.switches = args.switch
     try:
         run.summary["steps"]["setup"] = setup(run)
     except Exception as error:  # noqa: BLE001 - the summary must say what broke

@@ -3,6 +3,7 @@
 # scripts/gpu/pack.sh made (docs/GPU.md):
 #
 #   scripts/gpu/check.sh OUT [--kit DIR] [--budget SECONDS] [--steps tests,engine,...]
+#                        [--switch VAR=VALUE ...]
 #
 # OUT gets summary.json and check.log. Without a GPU every GPU step reports "skipped: no GPU".
 # The work is scripts/gpu/check.py's (the standard library of any python3 >= 3.8).

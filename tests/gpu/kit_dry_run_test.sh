@@ -57,13 +57,17 @@ if problems:
 print(f"dry run: {len(packed)} binaries, {len(sonames)} libraries, setup ok, GPU steps skipped")
 PYTHON
 
-"$repo/scripts/gpu/check.sh" "$work/rehearsal" --kit "$work/kit" --device cpu
+"$repo/scripts/gpu/check.sh" "$work/rehearsal" --kit "$work/kit" --device cpu \
+  --switch TANDEM_CUDA_PDL=0
 python3 - "$work/rehearsal/summary.json" <<'PYTHON'
 import json, sys
 steps = json.load(open(sys.argv[1]))["steps"]
 bad = {name: step.get("status") for name, step in steps.items()
        if step.get("status") not in ("ok", "passed") and not (name == "torch" and
                                               step.get("status", "").startswith("skipped: no torch"))}
+switched = steps.get("switches", {}).get("switches", [])
+if len(switched) != 1 or "default_over_switch" not in switched[0]:
+    bad["switches"] = f"one measured switch expected, got {switched}"
 if bad:
     print(f"rehearsal FAILED: {bad} (see check.log beside summary.json)")
     sys.exit(1)
