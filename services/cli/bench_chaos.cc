@@ -19,6 +19,7 @@
 #include "services/cli/bench_prompts.h"
 #include "services/cli/bench_stream.h"
 #include "services/cli/local_cluster.h"
+#include "services/cli/redis_process.h"
 
 namespace tandem::cli {
 namespace {
@@ -150,8 +151,10 @@ struct Bench {
   std::vector<std::vector<int32_t>> expected;
 };
 
+// `redis`: the cluster's registry (LocalClusterOptions::redis), "" for none.
 absl::StatusOr<Bench> StartBench(const BenchChaosArgs& args, int verifiers,
-                                 const std::vector<std::string>& prompts) {
+                                 const std::vector<std::string>& prompts,
+                                 const std::string& redis = "") {
   Bench bench;
   auto cluster = LocalCluster::Start({.who = kWho,
                                       .model_dir = args.model_dir,
@@ -159,6 +162,7 @@ absl::StatusOr<Bench> StartBench(const BenchChaosArgs& args, int verifiers,
                                       .metrics = false,
                                       .threads = args.threads,
                                       .verifiers = verifiers,
+                                      .redis = redis,
                                       .forward_output = false});
   if (!cluster.ok()) return cluster.status();
   bench.cluster = std::move(*cluster);
@@ -272,11 +276,12 @@ absl::StatusOr<ScenarioResult> KillAndRestart(const BenchChaosArgs& args,
   return r;
 }
 
+// `kill` false: the control run, the same phases with nothing killed.
 absl::StatusOr<ScenarioResult> DrafterKill(const BenchChaosArgs& args,
-                                           const std::vector<std::string>& prompts) {
+                                           const std::vector<std::string>& prompts, bool kill) {
   ScenarioResult r;
-  r.name = "drafter-kill";
-  r.fault = "SIGKILL the drafter under spec requests";
+  r.name = kill ? "drafter-kill" : "drafter-control";
+  r.fault = kill ? "SIGKILL the drafter under spec requests" : "none (drafter-kill's control)";
   absl::StatusOr<Bench> bench = StartBench(args, 1, prompts);
   if (!bench.ok()) return bench.status();
   // ar's median on the same cluster, for as long as the load runs before the kill.
@@ -294,17 +299,50 @@ absl::StatusOr<ScenarioResult> DrafterKill(const BenchChaosArgs& args,
             args.max_tokens, t0);
   SleepSeconds(args.before_seconds);
   const double fault = Since(t0);
-  bench->cluster->children()[kDrafterChild]->Signal(SIGKILL);
+  if (kill) bench->cluster->children()[kDrafterChild]->Signal(SIGKILL);
   SleepSeconds(args.after_seconds);
   const std::vector<Outcome> outcomes = load.Stop();
   r.ar_latency_phases[1] = ar_median();
   r.ar_latency = (r.ar_latency_phases[0] + r.ar_latency_phases[1]) / 2;
   Count(outcomes, r);
   SetLatencies(outcomes, fault, fault, r);
+  if (!kill) {
+    r.goal = "0 failed, 0 wrong (the latencies are the reference for drafter-kill's)";
+    r.goal_met = r.failed == 0 && r.wrong == 0;
+    return r;
+  }
   r.goal = absl::StrCat("0 failed, 0 wrong; from ", kSettleSeconds, " s after the kill, median ",
                         "latency <= ", kDrafterLatencyGoal, " x ar's");
   r.goal_met = r.failed == 0 && r.wrong == 0 && r.latency_after > 0 &&
                r.latency_after <= kDrafterLatencyGoal * r.ar_latency;
+  return r;
+}
+
+absl::StatusOr<ScenarioResult> RedisRestart(const BenchChaosArgs& args,
+                                            const std::vector<std::string>& prompts) {
+  ScenarioResult r;
+  r.name = "redis-restart";
+  r.fault = "SIGKILL the registry's Redis, start it again empty on its port";
+  RedisProcess redis;
+  const int port = FreeLoopbackPort();
+  if (port == 0) return absl::UnavailableError("no free loopback port for redis-server");
+  if (absl::Status started = redis.Start(port); !started.ok()) return started;
+  absl::StatusOr<Bench> bench = StartBench(args, 2, prompts, redis.address());
+  if (!bench.ok()) return bench.status();
+  const BenchClock::time_point t0 = BenchClock::now();
+  Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"ar", "spec", "auto"},
+            args.clients, args.max_tokens, t0);
+  SleepSeconds(args.before_seconds);
+  const double fault = Since(t0);
+  redis.Kill();
+  if (absl::Status restarted = redis.Start(port); !restarted.ok()) return restarted;
+  const double listening = Since(t0);
+  SleepSeconds(args.after_seconds);
+  const std::vector<Outcome> outcomes = load.Stop();
+  Count(outcomes, r);
+  SetLatencies(outcomes, fault, listening, r);
+  r.goal = "0 failed, 0 wrong";
+  r.goal_met = r.failed == 0 && r.wrong == 0;
   return r;
 }
 
@@ -361,11 +399,12 @@ void PrintTable(const std::vector<ScenarioResult>& results) {
 absl::Status CheckArgs(const BenchChaosArgs& args) {
   for (const std::string& s : args.scenarios) {
     if (s != "verifier-kill" && s != "verifier-drain" && s != "verifier-restart" &&
-        s != "drafter-kill" && s != "router-restart") {
+        s != "drafter-kill" && s != "drafter-control" && s != "router-restart" &&
+        s != "redis-restart") {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown scenario '", s,
                        "'; expected verifier-kill, verifier-drain, verifier-restart, "
-                       "drafter-kill or router-restart"));
+                       "drafter-kill, drafter-control, router-restart or redis-restart"));
     }
   }
   if (args.clients < 1 || args.clients > 256) {
@@ -438,8 +477,12 @@ int RunBenchChaos(const BenchChaosArgs& args) {
                                .router = true});
       status = r.status();
       run(std::move(r));
+    } else if (scenario == "redis-restart") {
+      auto r = RedisRestart(args, prompts);
+      status = r.status();
+      run(std::move(r));
     } else {
-      auto r = DrafterKill(args, prompts);
+      auto r = DrafterKill(args, prompts, scenario == "drafter-kill");
       status = r.status();
       run(std::move(r));
     }

@@ -17,12 +17,16 @@
 //   drafter-kill      one verifier, `spec` requests; SIGKILL the drafter. Goal: 0 failed, and
 //                     from 1 s after the kill the median latency within 1.25x of `ar`'s
 //                     (on the same cluster, before and after the spec phase, averaged).
+//   drafter-control   drafter-kill's phases with nothing killed (not run by default): whether
+//                     `ar` after the spec phase is slower because of the kill or of the phase.
 //   router-restart    SIGKILL the router and start it again on its address at once: the
 //                     streams it carried fail; goal: the clients (gRPC channels reconnecting on
 //                     their own) are served again within 2 s of its listening, nothing fails
 //                     after that.
-// A Redis restart is not here: the registry's Redis lost and restarted under load is covered by
-// tests/integration/registry_test.cc (RedisRestartWhileRequestsFlowFailsNothing).
+//   redis-restart     two verifiers and the drafter registered in a Redis registry, the router
+//                     finding its verifiers there only; SIGKILL the redis-server and start it
+//                     again, empty, on its port. Goal: 0 failed, 0 wrong (the router keeps
+//                     serving from the verifiers it knows; they register again).
 #pragma once
 
 #include <string>
@@ -32,7 +36,7 @@ namespace tandem::cli {
 
 struct BenchChaosArgs {
   std::vector<std::string> scenarios = {"verifier-kill", "verifier-drain", "verifier-restart",
-                                        "drafter-kill", "router-restart"};
+                                        "drafter-kill",  "router-restart", "redis-restart"};
   std::vector<int> outages = {5, 30, 90};  // verifier-restart: seconds down, one run each
   int clients = 8;                         // closed-loop clients
   int max_tokens = 24;                     // new tokens per request

@@ -263,14 +263,14 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "Faults under load: each scenario starts a local cluster, learns its prompts' greedy "
       "outputs, runs closed-loop greedy clients through the router and injects a fault "
       "(SIGKILL or SIGTERM a verifier of two, SIGKILL the only verifier and restart it after "
-      "each outage, SIGKILL the drafter under spec, SIGKILL and restart the router); prints sent, "
-      "failed, wrong, median "
-      "latency before, in the second after and after the fault, and the recovery time, each "
-      "against its goal");
+      "each outage, SIGKILL the drafter under spec, SIGKILL and restart the router, SIGKILL and "
+      "restart the registry's Redis empty); prints sent, failed, wrong, median latency before, "
+      "in the second after and after the fault, and the recovery time, each against its goal");
   chaos_cmd
       ->add_option("--scenarios", chaos->scenarios,
                    "Comma-separated: verifier-kill, verifier-drain, verifier-restart, "
-                   "drafter-kill, router-restart")
+                   "drafter-kill, drafter-control (drafter-kill without the kill), "
+                   "router-restart, redis-restart")
       ->delimiter(',')
       ->capture_default_str();
   chaos_cmd

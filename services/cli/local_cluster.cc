@@ -27,12 +27,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   cluster->drafter_model_dir_ =
       o.drafter_model_dir.empty() ? DefaultDrafterDir(*model_dir) : o.drafter_model_dir;
 
-  // Flags every service takes alike (the model services: `threads`, also --threads and --device).
+  // Flags every service takes alike (the model services: `threads`, also --threads, --device and
+  // the registry).
   auto common = [&o](std::vector<std::string> argv, bool threads) {
     argv.insert(argv.end(), {"--listen", "127.0.0.1:0"});
     if (o.metrics) argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0"});
     if (threads && o.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(o.threads)});
     if (threads && !o.device.empty()) argv.insert(argv.end(), {"--device", o.device});
+    if (threads && !o.redis.empty()) argv.insert(argv.end(), {"--redis", o.redis});
     return argv;
   };
   std::vector<std::string> drafter_argv =
@@ -58,8 +60,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
 
   std::vector<std::string> router_argv = {*router_bin, "--drafter", *drafter, "--listen",
                                           o.router_listen};
-  for (const std::string& verifier : cluster->verifier_addresses_) {
-    router_argv.insert(router_argv.end(), {"--verifier", verifier});
+  if (o.redis.empty()) {
+    for (const std::string& verifier : cluster->verifier_addresses_) {
+      router_argv.insert(router_argv.end(), {"--verifier", verifier});
+    }
+  } else {
+    router_argv.insert(router_argv.end(), {"--redis", o.redis});
   }
   if (o.metrics) router_argv.insert(router_argv.end(), {"--metrics-listen", "127.0.0.1:0"});
   if (!o.router_http_listen.empty()) {

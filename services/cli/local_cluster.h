@@ -33,6 +33,9 @@ struct LocalClusterOptions {
   int threads = 0;      // the verifier's and the drafter's --threads; 0 = their default
   std::string device;   // the verifier's and the drafter's --device; "" = their default (cpu)
   int verifiers = 1;    // verifier processes, all behind the router
+  // A Redis worker registry (HOST:PORT; "" = none): the drafter and the verifiers register
+  // there (--redis), and the router finds its verifiers there only (no --verifier flags).
+  std::string redis;
   // Appended to each service's command line.
   std::vector<std::string> drafter_flags;
   std::vector<std::string> verifier_flags;

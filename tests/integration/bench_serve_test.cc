@@ -401,27 +401,30 @@ TEST(BenchRouter, NeedsTheVerifierWithServer) {
 // `tandem bench chaos` at tiny settings, the suite's short version of the fault table
 // (docs/RELIABILITY.md): a verifier of two killed under load fails nothing and changes no
 // output; the only verifier, killed and started again after a second, and the router, killed
-// and started again, are served again and fail nothing after that; a killed drafter fails
-// nothing (its latency goal is timing, left to the full run).
+// and started again, are served again and fail nothing after that; a killed drafter and a
+// registry's Redis killed and started again empty fail nothing (the drafter's latency goal is
+// timing, left to the full run).
 TEST(BenchChaos, FaultsFailNothingTheyShouldNot) {
   const CommandRun run = RunTandem(
-      "bench chaos --scenarios verifier-kill,verifier-restart,drafter-kill,router-restart "
+      "bench chaos --scenarios "
+      "verifier-kill,verifier-restart,drafter-kill,router-restart,redis-restart "
       "--outages 1 --before 1 --after 2 --clients 4 --max-tokens 8 --json");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json out = json::parse(run.out);
-  ASSERT_EQ(out["scenarios"].size(), 4u) << run.out;
+  ASSERT_EQ(out["scenarios"].size(), 5u) << run.out;
   std::map<std::string, json> by_name;
   for (const json& s : out["scenarios"]) by_name[s["scenario"].get<std::string>()] = s;
   for (const char* name :
-       {"verifier-kill", "verifier-restart-1", "drafter-kill", "router-restart"}) {
+       {"verifier-kill", "verifier-restart-1", "drafter-kill", "router-restart", "redis-restart"}) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(by_name.count(name)) << run.out;
     const json& s = by_name[name];
     EXPECT_GT(s["sent"].get<int>(), 0);
     EXPECT_EQ(s["wrong"].get<int>(), 0) << s.dump();
   }
-  EXPECT_EQ(by_name["verifier-kill"]["failed"].get<int>(), 0) << by_name["verifier-kill"].dump();
-  EXPECT_EQ(by_name["drafter-kill"]["failed"].get<int>(), 0) << by_name["drafter-kill"].dump();
+  for (const char* name : {"verifier-kill", "drafter-kill", "redis-restart"}) {
+    EXPECT_EQ(by_name[name]["failed"].get<int>(), 0) << by_name[name].dump();
+  }
   for (const char* name : {"verifier-restart-1", "router-restart"}) {
     const json& restart = by_name[name];
     ASSERT_FALSE(restart["recovery_seconds"].is_null()) << restart.dump();

@@ -3,13 +3,9 @@
 // Registration, expiry of a killed worker, and a Redis restart while requests flow.
 #include "router/registry.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -18,84 +14,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/cli/child_process.h"
+#include "services/cli/redis_process.h"
 #include "services/common/redis_client.h"
 #include "tests/integration/cluster.h"
 #include "tests/worker/model/checkpoint/temp_dir.h"
 
 namespace tandem::testing {
 namespace {
-
-// A port the OS says is free now (bound to port 0, then released).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin", ':')) {
-    const std::string candidate = absl::StrCat(dir, "/", name);
-    if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return std::string();
-}
-
-// A throwaway redis-server on 127.0.0.1 with no persistence.
-class RedisServer {
- public:
-  // `password` set: the server requires it (requirepass).
-  absl::Status Start(int port, const std::string& password = "") {
-    const std::string binary = FindOnPath("redis-server");
-    if (binary.empty()) return absl::NotFoundError("redis-server is not on PATH");
-    port_ = port;
-    std::vector<std::string> argv = {binary,   "--port",       std::to_string(port),
-                                     "--bind", "127.0.0.1",    "--save",
-                                     "",       "--appendonly", "no"};
-    if (!password.empty()) argv.insert(argv.end(), {"--requirepass", password});
-    auto child = ChildProcess::Start({.name = "redis", .argv = argv, .forward_output = false});
-    if (!child.ok()) return child.status();
-    process_ = std::move(*child);
-    RedisClient client({.address = {.host = "127.0.0.1", .port = port},
-                        .min_backoff = absl::Milliseconds(20),
-                        .max_backoff = absl::Milliseconds(20),
-                        .password = password});
-    const absl::Time give_up = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < give_up) {
-      absl::StatusOr<RedisReply> pong = client.Command({"PING"});
-      if (pong.ok()) return absl::OkStatus();
-      if (process_->PollExit().has_value()) break;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return absl::UnavailableError("redis-server did not answer PING: " + process_->StderrTail());
-  }
-  void Kill() {
-    process_->Signal(SIGKILL);
-    process_->WaitForExit(absl::Seconds(10));
-    process_.reset();
-  }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  int port() const { return port_; }
-
- private:
-  int port_ = 0;
-  std::unique_ptr<ChildProcess> process_;
-};
 
 // The registered records of `role`, read with a client of the test's own.
 std::vector<router::WorkerRecord> Registered(RedisClient& client, const std::string& role) {
@@ -140,7 +69,7 @@ v1::GenerateRequest Short(const std::string& mode) {
 class RegistryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const absl::Status started = redis_.Start(FreePort());
+    const absl::Status started = redis_.Start(FreeLoopbackPort());
     ASSERT_TRUE(started.ok()) << started;
     client_ = std::make_unique<RedisClient>(
         RedisClient::Options{.address = {.host = "127.0.0.1", .port = redis_.port()},
@@ -178,7 +107,7 @@ class RegistryTest : public ::testing::Test {
     return address;
   }
 
-  RedisServer redis_;
+  RedisProcess redis_;
   std::unique_ptr<RedisClient> client_;
   std::unique_ptr<ChildProcess> router_;
 };
@@ -227,8 +156,8 @@ TEST_F(RegistryTest, WorkersRegisterAndTheRouterServesFromTheRegistry) {
 // A Redis that requires a password: clients without it or with a wrong one are refused with
 // Redis' answer, and workers and the router given it (--redis-password-file) register and serve.
 TEST(RedisAuthTest, WorkersAndTheRouterAuthenticateToRedis) {
-  RedisServer redis;
-  const absl::Status started = redis.Start(FreePort(), "registry-secret");
+  RedisProcess redis;
+  const absl::Status started = redis.Start(FreeLoopbackPort(), "registry-secret");
   ASSERT_TRUE(started.ok()) << started;
   const RedisAddress address{.host = "127.0.0.1", .port = redis.port()};
   RedisClient anonymous({.address = address});
