@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -203,6 +204,31 @@ void SleepSeconds(double seconds) { absl::SleepFor(absl::Seconds(seconds)); }
 size_t VerifierChild(int n) { return static_cast<size_t>(1 + n); }
 constexpr size_t kDrafterChild = 0;
 
+// What a scenario's clients saw around its fault; times in seconds from the load's start.
+struct FaultedLoad {
+  std::vector<Outcome> outcomes;
+  double fault = 0;    // `inject` called
+  double settled = 0;  // `inject` returned (a restarted service listening again)
+};
+
+// Closed-loop clients on `bench` (`modes` rotated) for args.before_seconds, then `inject` (the
+// fault, and the restart where the scenario has one), then args.after_seconds of load more.
+absl::StatusOr<FaultedLoad> LoadAroundFault(const BenchChaosArgs& args, Bench& bench,
+                                            std::vector<std::string> modes,
+                                            const std::function<absl::Status()>& inject) {
+  FaultedLoad run;
+  const BenchClock::time_point t0 = BenchClock::now();
+  Load load(bench.stub.get(), &bench.prompts, &bench.expected, std::move(modes), args.clients,
+            args.max_tokens, t0);
+  SleepSeconds(args.before_seconds);
+  run.fault = Since(t0);
+  if (absl::Status injected = inject(); !injected.ok()) return injected;
+  run.settled = Since(t0);
+  SleepSeconds(args.after_seconds);
+  run.outcomes = load.Stop();
+  return run;
+}
+
 absl::StatusOr<ScenarioResult> VerifierFault(const BenchChaosArgs& args,
                                              const std::vector<std::string>& prompts, int signo) {
   ScenarioResult r;
@@ -210,16 +236,13 @@ absl::StatusOr<ScenarioResult> VerifierFault(const BenchChaosArgs& args,
   r.fault = signo == SIGKILL ? "SIGKILL one of two verifiers" : "SIGTERM one of two verifiers";
   absl::StatusOr<Bench> bench = StartBench(args, 2, prompts);
   if (!bench.ok()) return bench.status();
-  const BenchClock::time_point t0 = BenchClock::now();
-  Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"ar", "spec", "auto"},
-            args.clients, args.max_tokens, t0);
-  SleepSeconds(args.before_seconds);
-  const double fault = Since(t0);
-  bench->cluster->children()[VerifierChild(1)]->Signal(signo);
-  SleepSeconds(args.after_seconds);
-  const std::vector<Outcome> outcomes = load.Stop();
-  Count(outcomes, r);
-  SetLatencies(outcomes, fault, fault, r);
+  absl::StatusOr<FaultedLoad> run = LoadAroundFault(args, *bench, {"ar", "spec", "auto"}, [&] {
+    bench->cluster->children()[VerifierChild(1)]->Signal(signo);
+    return absl::OkStatus();
+  });
+  if (!run.ok()) return run.status();
+  Count(run->outcomes, r);
+  SetLatencies(run->outcomes, run->fault, run->fault, r);
   r.goal = "0 failed, 0 wrong";
   r.goal_met = r.failed == 0 && r.wrong == 0;
   return r;
@@ -243,19 +266,17 @@ absl::StatusOr<ScenarioResult> KillAndRestart(const BenchChaosArgs& args,
   absl::StatusOr<Bench> bench = StartBench(args, 1, prompts);
   if (!bench.ok()) return bench.status();
   const size_t child = spec.router ? bench->cluster->children().size() - 1 : VerifierChild(0);
-  const BenchClock::time_point t0 = BenchClock::now();
-  Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"ar", "spec", "auto"},
-            args.clients, args.max_tokens, t0);
-  SleepSeconds(args.before_seconds);
-  const double fault = Since(t0);
-  ChildProcess& service = *bench->cluster->children()[child];
-  service.Signal(SIGKILL);
-  service.WaitForExit(absl::Seconds(10));
-  SleepSeconds(std::max(0.0, spec.outage - (Since(t0) - fault)));
-  if (absl::Status restarted = bench->cluster->Restart(child); !restarted.ok()) return restarted;
-  const double listening = Since(t0);
-  SleepSeconds(args.after_seconds);
-  const std::vector<Outcome> outcomes = load.Stop();
+  absl::StatusOr<FaultedLoad> run = LoadAroundFault(args, *bench, {"ar", "spec", "auto"}, [&] {
+    const BenchClock::time_point killed = BenchClock::now();
+    ChildProcess& service = *bench->cluster->children()[child];
+    service.Signal(SIGKILL);
+    service.WaitForExit(absl::Seconds(10));
+    SleepSeconds(std::max(0.0, spec.outage - Since(killed)));
+    return bench->cluster->Restart(child);
+  });
+  if (!run.ok()) return run.status();
+  const std::vector<Outcome>& outcomes = run->outcomes;
+  const double listening = run->settled;
   Count(outcomes, r);
   for (const Outcome& o : outcomes) {
     if (o.ok && o.start >= listening &&
@@ -268,7 +289,7 @@ absl::StatusOr<ScenarioResult> KillAndRestart(const BenchChaosArgs& args,
       if (!o.ok && o.start >= listening + r.recovery_seconds) ++r.failed_after_recovery;
     }
   }
-  SetLatencies(outcomes, fault, listening, r);
+  SetLatencies(outcomes, run->fault, listening, r);
   r.goal = absl::StrCat("served again within ", kRestartGoalSeconds,
                         " s of listening, then 0 failed; 0 wrong");
   r.goal_met = r.recovery_seconds >= 0 && r.recovery_seconds <= kRestartGoalSeconds &&
@@ -294,18 +315,15 @@ absl::StatusOr<ScenarioResult> DrafterKill(const BenchChaosArgs& args,
   // Taken on both sides of the spec phase and averaged (the second with the drafter dead, as
   // the spec sequences then run): the machine's speed drifts between phases.
   r.ar_latency_phases[0] = ar_median();
-  const BenchClock::time_point t0 = BenchClock::now();
-  Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"spec"}, args.clients,
-            args.max_tokens, t0);
-  SleepSeconds(args.before_seconds);
-  const double fault = Since(t0);
-  if (kill) bench->cluster->children()[kDrafterChild]->Signal(SIGKILL);
-  SleepSeconds(args.after_seconds);
-  const std::vector<Outcome> outcomes = load.Stop();
+  absl::StatusOr<FaultedLoad> run = LoadAroundFault(args, *bench, {"spec"}, [&] {
+    if (kill) bench->cluster->children()[kDrafterChild]->Signal(SIGKILL);
+    return absl::OkStatus();
+  });
+  if (!run.ok()) return run.status();
   r.ar_latency_phases[1] = ar_median();
   r.ar_latency = (r.ar_latency_phases[0] + r.ar_latency_phases[1]) / 2;
-  Count(outcomes, r);
-  SetLatencies(outcomes, fault, fault, r);
+  Count(run->outcomes, r);
+  SetLatencies(run->outcomes, run->fault, run->fault, r);
   if (!kill) {
     r.goal = "0 failed, 0 wrong (the latencies are the reference for drafter-kill's)";
     r.goal_met = r.failed == 0 && r.wrong == 0;
@@ -329,18 +347,13 @@ absl::StatusOr<ScenarioResult> RedisRestart(const BenchChaosArgs& args,
   if (absl::Status started = redis.Start(port); !started.ok()) return started;
   absl::StatusOr<Bench> bench = StartBench(args, 2, prompts, redis.address());
   if (!bench.ok()) return bench.status();
-  const BenchClock::time_point t0 = BenchClock::now();
-  Load load(bench->stub.get(), &bench->prompts, &bench->expected, {"ar", "spec", "auto"},
-            args.clients, args.max_tokens, t0);
-  SleepSeconds(args.before_seconds);
-  const double fault = Since(t0);
-  redis.Kill();
-  if (absl::Status restarted = redis.Start(port); !restarted.ok()) return restarted;
-  const double listening = Since(t0);
-  SleepSeconds(args.after_seconds);
-  const std::vector<Outcome> outcomes = load.Stop();
-  Count(outcomes, r);
-  SetLatencies(outcomes, fault, listening, r);
+  absl::StatusOr<FaultedLoad> run = LoadAroundFault(args, *bench, {"ar", "spec", "auto"}, [&] {
+    redis.Kill();
+    return redis.Start(port);
+  });
+  if (!run.ok()) return run.status();
+  Count(run->outcomes, r);
+  SetLatencies(run->outcomes, run->fault, run->settled, r);
   r.goal = "0 failed, 0 wrong";
   r.goal_met = r.failed == 0 && r.wrong == 0;
   return r;
