@@ -436,7 +436,8 @@ def tests(run, deadline):
 # --- engine and torch -------------------------------------------------------------------------
 
 def engine_argv(run):
-    """`tandem bench engine` on the step's model, without the grid on a GPU."""
+    """`tandem bench engine` on the step's model: on a GPU without the grid (the caller adds
+    the one it wants); the rehearsal's toy settings carry a small grid."""
     argv = [run.bin("tandem"), "bench", "engine", "--json", "--device", run.device]
     if run.device == "cpu":
         return argv + ["--shape", "small", "--layers", "2", "--decode-steps", "8",
