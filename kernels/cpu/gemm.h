@@ -1,5 +1,7 @@
-// Matrix products on the CPU, all on our own kernel (rows_gemm.h); OpenBLAS remains for
-// attention's GEMM path and as the reference benchmarks compare with (BlasLinear).
+// Matrix products over row-major weights on the CPU, on our own kernel (rows_gemm.h): LoRA
+// factors, the DFlash drafter's layers, attention's score blocks. A Transformer's own products run
+// over its weights packed once (packed_gemm.h). OpenBLAS remains for attention's GEMM path and as
+// the reference benchmarks compare with (BlasLinear).
 #pragma once
 
 namespace tandem::kernels::cpu {

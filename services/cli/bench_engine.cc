@@ -256,8 +256,9 @@ int RunBenchEngine(const BenchEngineArgs& args) {
 
   // Prefill FLOPs: 2 per weight per token in the matrix products (embedding lookup excluded),
   // plus causal attention (QK^T and PV over on average T/2 keys).
-  const double matmul_params = params - static_cast<double>(w.embed.size()) +
-                               (w.lm_head.empty() ? static_cast<double>(w.embed.size()) : 0.0);
+  // (The model's matrices are packed: a tied head is counted once, as the head.)
+  const double matmul_params =
+      params - (w.head_tied ? 0.0 : static_cast<double>(config.vocab_size) * config.hidden_size);
   const double t_tokens = args.prefill_tokens;
   // A token is sampled from the last row only: the head runs for that row alone.
   const double head = static_cast<double>(config.vocab_size) * config.hidden_size;
@@ -266,7 +267,7 @@ int RunBenchEngine(const BenchEngineArgs& args) {
   const double prefill_flops = 2.0 * (matmul_params - head) * t_tokens + 2.0 * head + attn_flops;
   const double prefill = Median(prefill_times);
   // The prefill against OpenBLAS sgemm at the same shape class (the reference: the engine's
-  // products run on rows_gemm.h).
+  // products run on packed_gemm.h).
   const double sgemm =
       cuda ? 0.0
            : SgemmFlops(args.prefill_tokens, config.intermediate_size * 2, config.hidden_size);

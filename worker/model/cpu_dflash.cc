@@ -8,6 +8,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/norm.h"
+#include "kernels/cpu/packed_gemm.h"
 #include "kernels/cpu/rope.h"
 
 namespace tandem {
@@ -108,12 +109,9 @@ absl::StatusOr<std::vector<float>> CpuDFlash::BlockLogits(const DFlashContextSto
   const int h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
   const int b = config.block_size, inter = c.intermediate_size, vocab = c.vocab_size;
   const int p = length;
-  const std::vector<float>& embed = model_->target().weights().embed;
+  const ModelWeights& target = model_->target().weights();
   std::vector<float> x(static_cast<size_t>(b) * h);  // residual stream [b, h]
-  for (int j = 0; j < b; ++j) {
-    std::memcpy(&x[static_cast<size_t>(j) * h], &embed[static_cast<size_t>(block[j]) * h],
-                sizeof(float) * h);
-  }
+  for (int j = 0; j < b; ++j) target.EmbedRow(block[j], &x[static_cast<size_t>(j) * h]);
   std::vector<int32_t> positions(b);
   for (int j = 0; j < b; ++j) positions[j] = p + j;
   const int qkv_width = (hq + 2 * hkv) * d, kv_row = hkv * d;
@@ -187,8 +185,7 @@ absl::StatusOr<std::vector<float>> CpuDFlash::BlockLogits(const DFlashContextSto
   }
   kc::RmsNorm(x.data(), weights.final_norm.data(), hbuf.data(), b, h, c.rms_norm_eps);
   std::vector<float> logits(static_cast<size_t>(b) * vocab);
-  kc::Linear(hbuf.data(), model_->target().weights().Head().data(), nullptr, logits.data(), b,
-             vocab, h);
+  kc::PackedLinear(hbuf.data(), target.packed_head, nullptr, logits.data(), b);
   return logits;
 }
 

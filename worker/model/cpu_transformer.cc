@@ -8,8 +8,8 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/norm.h"
+#include "kernels/cpu/packed_gemm.h"
 #include "kernels/cpu/rope.h"
-#include "kernels/cpu/rows_gemm.h"
 #include "worker/sampling/sampling.h"
 
 namespace tandem {
@@ -90,7 +90,7 @@ CpuTransformer::CpuTransformer(const Transformer* model) : model_(model) {
 }
 
 int CpuTransformer::ExactExtendTokens() const {
-  return std::min(kernels::cpu::kAttentionDirectMaxTokens, kernels::cpu::kRowsMaxM);
+  return std::min(kernels::cpu::kAttentionDirectMaxTokens, kernels::cpu::kPackedMaxM);
 }
 
 absl::StatusOr<std::vector<ExtendOutput>> CpuTransformer::Forward(std::span<const Extend> batch,
@@ -162,11 +162,11 @@ CpuTransformer::Layout CpuTransformer::LayOut(std::span<const Extend> batch,
 void CpuTransformer::Embed(std::span<const Extend> batch, const Layout& layout,
                            Activations& a) const {
   const int hidden = model_->config().hidden_size;
-  const std::vector<float>& embed = model_->weights().embed;
+  const ModelWeights& weights = model_->weights();
   for (size_t e = 0; e < batch.size(); ++e) {
     for (int i = 0; i < layout.slices[e].n; ++i) {
-      std::memcpy(&a.x[static_cast<size_t>(layout.slices[e].offset + i) * hidden],
-                  &embed[static_cast<size_t>(batch[e].tokens[i]) * hidden], sizeof(float) * hidden);
+      weights.EmbedRow(batch[e].tokens[i],
+                       &a.x[static_cast<size_t>(layout.slices[e].offset + i) * hidden]);
     }
   }
 }
@@ -189,12 +189,12 @@ void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch, co
                                     KvCache& kv, Activations& a) const {
   const ModelConfig& c = model_->config();
   const LayerWeights& w = model_->weights().layers[layer];
+  const PackedLayer& pw = model_->weights().packed_layers[layer];
   const std::optional<LoraAdapter>& lora = model_->lora();
   const int hidden = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
   const int qkv_width = (hq + 2 * hkv) * d;
   const int total = layout.total;
-  kc::Linear(a.h.data(), w.qkv.data(), BiasOrNull(w.qkv_bias), a.qkv.data(), total, qkv_width,
-             hidden);
+  kc::PackedLinear(a.h.data(), pw.qkv, BiasOrNull(w.qkv_bias), a.qkv.data(), total);
   if (lora.has_value()) {
     ApplyLora(*lora, layer, LoraTarget::kQ, a.h.data(), hidden, a.qkv.data(), qkv_width, 0,
               layout.lora_rows);
@@ -255,7 +255,7 @@ void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch, co
     ap.out_stride = hq * d;
   }
   Attend(params, a);
-  kc::Linear(a.attn.data(), w.o.data(), BiasOrNull(w.o_bias), a.proj.data(), total, hidden, hq * d);
+  kc::PackedLinear(a.attn.data(), pw.o, BiasOrNull(w.o_bias), a.proj.data(), total);
   if (lora.has_value()) {
     ApplyLora(*lora, layer, LoraTarget::kO, a.attn.data(), hq * d, a.proj.data(), hidden, 0,
               layout.lora_rows);
@@ -298,10 +298,10 @@ void CpuTransformer::Attend(std::span<const kernels::cpu::AttentionParams> param
 void CpuTransformer::MlpBlock(int layer, const Layout& layout, Activations& a) const {
   const ModelConfig& c = model_->config();
   const LayerWeights& w = model_->weights().layers[layer];
+  const PackedLayer& pw = model_->weights().packed_layers[layer];
   const std::optional<LoraAdapter>& lora = model_->lora();
   const int hidden = c.hidden_size, inter = c.intermediate_size, total = layout.total;
-  kc::Linear(a.h.data(), w.gate_up.data(), BiasOrNull(w.gate_up_bias), a.gate_up.data(), total,
-             2 * inter, hidden);
+  kc::PackedLinear(a.h.data(), pw.gate_up, BiasOrNull(w.gate_up_bias), a.gate_up.data(), total);
   if (lora.has_value()) {
     ApplyLora(*lora, layer, LoraTarget::kGate, a.h.data(), hidden, a.gate_up.data(), 2 * inter, 0,
               layout.lora_rows);
@@ -309,8 +309,7 @@ void CpuTransformer::MlpBlock(int layer, const Layout& layout, Activations& a) c
               layout.lora_rows);
   }
   kc::SiluMulFused(a.gate_up.data(), a.act.data(), total, inter);
-  kc::Linear(a.act.data(), w.down.data(), BiasOrNull(w.down_bias), a.proj.data(), total, hidden,
-             inter);
+  kc::PackedLinear(a.act.data(), pw.down, BiasOrNull(w.down_bias), a.proj.data(), total);
   if (lora.has_value()) {
     ApplyLora(*lora, layer, LoraTarget::kDown, a.act.data(), inter, a.proj.data(), hidden, 0,
               layout.lora_rows);
@@ -334,7 +333,7 @@ void CpuTransformer::Head(std::span<const Extend> batch, const Layout& layout, c
                 &normed[static_cast<size_t>(r) * hidden], 1, hidden, c.rms_norm_eps);
   }
   std::vector<float> logits(static_cast<size_t>(m) * c.vocab_size);
-  kc::Linear(normed.data(), weights.Head().data(), nullptr, logits.data(), m, c.vocab_size, hidden);
+  kc::PackedLinear(normed.data(), weights.packed_head, nullptr, logits.data(), m);
   // VerifyDraft's vocabulary-sized distribution, reused across the draft rows.
   std::vector<float> verify_scratch;
   size_t r = 0;

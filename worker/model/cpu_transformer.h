@@ -1,5 +1,6 @@
-// The CPU backend of Transformer: the fp32 forward over host KV storage with kernels/cpu, the
-// backend every model starts on (Transformer::UseDevice({Device::kCpu}) returns to it).
+// The CPU backend of Transformer: the fp32 forward over host KV storage with kernels/cpu, its
+// products over the model's weights packed for the CPU (kernels/cpu/packed_gemm.h), the backend
+// every model starts on (Transformer::UseDevice({Device::kCpu}) returns to it).
 //
 // One forward, per batch: lay the extends out as rows of one activation matrix (their RoPE
 // tables and visibility masks), embed, then per layer the attention block (QKV projection with

@@ -14,9 +14,10 @@
 namespace tandem {
 
 Transformer::Transformer(ModelConfig config, ModelWeights weights)
-    : config_(std::move(config)),
-      weights_(std::move(weights)),
-      backend_(std::make_unique<CpuTransformer>(this)) {}
+    : config_(std::move(config)), weights_(std::move(weights)) {
+  weights_.PackForCpu();
+  backend_ = std::make_unique<CpuTransformer>(this);
+}
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& dir) {
   TANDEM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));

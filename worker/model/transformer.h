@@ -35,6 +35,8 @@ class Transformer {
   static std::unique_ptr<Transformer> FromWeights(ModelConfig config, ModelWeights weights);
 
   const ModelConfig& config() const { return config_; }
+  // Packed for the CPU (ModelWeights::PackForCpu) when the model is built: the products'
+  // matrices are in packed_layers / packed_head, their row-major vectors empty.
   const ModelWeights& weights() const { return weights_; }
 
   // Moves the forward to `options.device`: kCuda uploads bf16 weights to the GPU and runs

@@ -1,5 +1,6 @@
 #include "worker/model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -20,23 +21,112 @@ size_t Bytes(const std::vector<float>& v) { return v.size() * sizeof(float); }
 }  // namespace
 
 size_t ModelWeights::StepBytes() const {
-  size_t total = Bytes(final_norm) + Bytes(Head());
-  for (const LayerWeights& l : layers) {
-    total += Bytes(l.input_norm) + Bytes(l.qkv) + Bytes(l.qkv_bias) + Bytes(l.q_norm) +
-             Bytes(l.k_norm) + Bytes(l.o) + Bytes(l.o_bias) + Bytes(l.post_norm) +
-             Bytes(l.gate_up) + Bytes(l.gate_up_bias) + Bytes(l.down) + Bytes(l.down_bias);
+  const auto matrix = [](const std::vector<float>& v, const kernels::cpu::PackedMatrix& m) {
+    return m.empty() ? Bytes(v) : m.bytes();
+  };
+  size_t total = Bytes(final_norm) + (packed() ? packed_head.bytes() : Bytes(Head()));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerWeights& l = layers[i];
+    const PackedLayer none;
+    const PackedLayer& p = i < packed_layers.size() ? packed_layers[i] : none;
+    total += Bytes(l.input_norm) + matrix(l.qkv, p.qkv) + Bytes(l.qkv_bias) + Bytes(l.q_norm) +
+             Bytes(l.k_norm) + matrix(l.o, p.o) + Bytes(l.o_bias) + Bytes(l.post_norm) +
+             matrix(l.gate_up, p.gate_up) + Bytes(l.gate_up_bias) + matrix(l.down, p.down) +
+             Bytes(l.down_bias);
   }
   return total;
 }
 
 size_t ModelWeights::ParameterCount() const {
-  size_t total = embed.size() + final_norm.size() + lm_head.size();
-  for (const LayerWeights& l : layers) {
-    total += l.input_norm.size() + l.qkv.size() + l.qkv_bias.size() + l.q_norm.size() +
-             l.k_norm.size() + l.o.size() + l.o_bias.size() + l.post_norm.size() +
-             l.gate_up.size() + l.gate_up_bias.size() + l.down.size() + l.down_bias.size();
+  const auto matrix = [](const std::vector<float>& v, const kernels::cpu::PackedMatrix& m) {
+    return m.empty() ? v.size() : static_cast<size_t>(m.rows()) * m.cols();
+  };
+  size_t total = embed.size() + final_norm.size() + matrix(lm_head, packed_head);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerWeights& l = layers[i];
+    const PackedLayer none;
+    const PackedLayer& p = i < packed_layers.size() ? packed_layers[i] : none;
+    total += l.input_norm.size() + matrix(l.qkv, p.qkv) + l.qkv_bias.size() + l.q_norm.size() +
+             l.k_norm.size() + matrix(l.o, p.o) + l.o_bias.size() + l.post_norm.size() +
+             matrix(l.gate_up, p.gate_up) + l.gate_up_bias.size() + matrix(l.down, p.down) +
+             l.down_bias.size();
   }
   return total;
+}
+
+namespace {
+
+// `v` ([rows, cols] row-major, cols = v.size() / rows) packed, and released.
+kernels::cpu::PackedMatrix PackRows(std::vector<float>& v, int cols) {
+  if (v.empty() || cols <= 0) return {};
+  const int rows = static_cast<int>(v.size() / cols);
+  kernels::cpu::PackedMatrix m = kernels::cpu::PackedMatrix::Pack(v.data(), rows, cols);
+  std::vector<float>().swap(v);
+  return m;
+}
+
+// The row-major values of `m`, or `v` when m is empty (not packed).
+std::vector<float> RowMajorOf(const std::vector<float>& v, const kernels::cpu::PackedMatrix& m) {
+  return m.empty() ? v : m.RowMajor();
+}
+
+}  // namespace
+
+void ModelWeights::PackForCpu() {
+  if (packed()) return;
+  const int hidden = static_cast<int>(final_norm.size());
+  packed_layers.resize(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerWeights& l = layers[i];
+    PackedLayer& p = packed_layers[i];
+    p.qkv = PackRows(l.qkv, hidden);
+    // o: [hidden, q_out]; down: [hidden, intermediate].
+    p.o = PackRows(l.o, hidden > 0 ? static_cast<int>(l.o.size() / hidden) : 0);
+    p.gate_up = PackRows(l.gate_up, hidden);
+    p.down = PackRows(l.down, hidden > 0 ? static_cast<int>(l.down.size() / hidden) : 0);
+  }
+  head_tied = lm_head.empty();
+  packed_head = PackRows(head_tied ? embed : lm_head, hidden);
+}
+
+ModelWeights ModelWeights::Unpacked() const {
+  ModelWeights w;
+  w.embed = EmbedRowMajor();
+  w.final_norm = final_norm;
+  w.lm_head = HeadRowMajor();
+  w.layers.reserve(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) w.layers.push_back(RowMajorLayer(static_cast<int>(i)));
+  return w;
+}
+
+void ModelWeights::EmbedRow(int32_t token, float* out) const {
+  const size_t hidden = final_norm.size();
+  if (!embed.empty()) {
+    std::copy_n(embed.data() + static_cast<size_t>(token) * hidden, hidden, out);
+  } else {
+    packed_head.CopyRow(token, out);
+  }
+}
+
+std::vector<float> ModelWeights::EmbedRowMajor() const {
+  return head_tied && packed() ? packed_head.RowMajor() : embed;
+}
+
+std::vector<float> ModelWeights::HeadRowMajor() const {
+  if (!packed()) return lm_head;
+  return head_tied ? std::vector<float>() : packed_head.RowMajor();
+}
+
+LayerWeights ModelWeights::RowMajorLayer(int i) const {
+  LayerWeights l = layers[i];
+  if (static_cast<size_t>(i) < packed_layers.size()) {
+    const PackedLayer& p = packed_layers[i];
+    l.qkv = RowMajorOf(l.qkv, p.qkv);
+    l.o = RowMajorOf(l.o, p.o);
+    l.gate_up = RowMajorOf(l.gate_up, p.gate_up);
+    l.down = RowMajorOf(l.down, p.down);
+  }
+  return l;
 }
 
 absl::StatusOr<ModelWeights> LoadWeights(const std::string& dir, const ModelConfig& c) {

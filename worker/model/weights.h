@@ -1,5 +1,6 @@
 // fp32 weights of a decoder-only transformer, laid out for the CPU forward: q/k/v and gate/up
-// projections fused so each is one matrix product.
+// projections fused so each is one matrix product, and (once PackForCpu has run) every product's
+// matrix packed for the CPU kernels (kernels/cpu/packed_gemm.h).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/packed_gemm.h"
 #include "worker/model/checkpoint/model_config.h"
 
 namespace tandem {
@@ -27,14 +29,44 @@ struct LayerWeights {
   std::vector<float> down_bias;     // [hidden] or empty
 };
 
+// A layer's product matrices packed for the CPU.
+struct PackedLayer {
+  kernels::cpu::PackedMatrix qkv, o, gate_up, down;
+};
+
 struct ModelWeights {
-  std::vector<float> embed;  // [vocab, hidden]
+  std::vector<float> embed;  // [vocab, hidden]; empty when packed as the tied head
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
-  std::vector<float> lm_head;     // [vocab, hidden]; empty when tied to embed
+  std::vector<float> lm_head;     // [vocab, hidden]; empty when tied to embed, or packed
 
+  // Filled by PackForCpu: each layer's qkv, o, gate_up and down, and the LM head (lm_head, or
+  // embed when tied), packed. Their row-major vectors are then released (empty), so the host
+  // holds each matrix once; EmbedRow, RowMajorLayer, EmbedRowMajor and HeadRowMajor read them in
+  // either state.
+  std::vector<PackedLayer> packed_layers;
+  kernels::cpu::PackedMatrix packed_head;
+  bool head_tied = false;  // set by PackForCpu: the packed head is also the embedding
+
+  bool packed() const { return !packed_head.empty(); }
+  // Packs the matrices (no-op when packed). Shapes come from the vectors: hidden is
+  // final_norm.size().
+  void PackForCpu();
+
+  // Row-major head; only before PackForCpu.
   const std::vector<float>& Head() const { return lm_head.empty() ? embed : lm_head; }
-  // Bytes of parameters read by one decode step (the embedding row aside).
+  // Token `token`'s embedding into out[0, hidden).
+  void EmbedRow(int32_t token, float* out) const;
+  std::vector<float> EmbedRowMajor() const;
+  // The untied head row-major, or empty when the head is the embedding.
+  std::vector<float> HeadRowMajor() const;
+  // Layer i with its matrices row-major (a copy).
+  LayerWeights RowMajorLayer(int i) const;
+  // A copy in the checkpoint's layout, not packed (to edit, or to write out).
+  ModelWeights Unpacked() const;
+
+  // Bytes of parameters read by one decode step (the embedding row aside; packed matrices with
+  // their last panel's padding).
   size_t StepBytes() const;
   size_t ParameterCount() const;
 };

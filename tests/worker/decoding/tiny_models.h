@@ -62,7 +62,7 @@ inline std::unique_ptr<Transformer> PerturbedModel(const Transformer& model, uin
                                                    float stddev) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, stddev);
-  ModelWeights w = model.weights();
+  ModelWeights w = model.weights().Unpacked();
   auto perturb = [&](std::vector<float>& v) {
     for (float& x : v) x += normal(rng);
   };

@@ -100,7 +100,9 @@ Mat Reference(const DFlashSpec& s, const RawTensors& t, const ModelWeights& targ
   Mat x(b, Vec(h));
   for (int j = 0; j < b; ++j) {
     const int token = j < static_cast<int>(clean.size()) ? clean[j] : s.mask_token_id;
-    for (int i = 0; i < h; ++i) x[j][i] = target.embed[static_cast<size_t>(token) * h + i];
+    std::vector<float> row(h);
+    target.EmbedRow(token, row.data());
+    x[j].assign(row.begin(), row.end());
   }
   for (int layer = 0; layer < s.num_layers; ++layer) {
     const std::string pre = "layers." + std::to_string(layer) + ".";
@@ -156,7 +158,9 @@ Mat Reference(const DFlashSpec& s, const RawTensors& t, const ModelWeights& targ
     }
   }
   const Mat fin = Norm(x, t.at("norm.weight").values, h, s.rms_norm_eps);
-  testing::RawTensor head{{s.vocab_size, h}, target.Head()};
+  std::vector<float> head_values = target.HeadRowMajor();  // the target is packed for the CPU
+  if (head_values.empty()) head_values = target.EmbedRowMajor();
+  testing::RawTensor head{{s.vocab_size, h}, head_values};
   return Mul(fin, head);
 }
 

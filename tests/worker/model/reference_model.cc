@@ -79,9 +79,13 @@ DenseResult DenseForward(const ModelConfig& c, const ModelWeights& w,
   auto gate = [&](int t) { return !lora_gate.empty() && lora_gate[t]; };
 
   DenseResult result;
+  // The weights as the checkpoint lays them out, packed for the CPU or not.
+  const std::vector<float> embed = w.EmbedRowMajor();
+  std::vector<float> head = w.HeadRowMajor();
+  if (head.empty()) head = embed;
   std::vector<Vec> x(n, Vec(hidden));
   for (int t = 0; t < n; ++t)
-    for (int i = 0; i < hidden; ++i) x[t][i] = w.embed[static_cast<size_t>(tokens[t]) * hidden + i];
+    for (int i = 0; i < hidden; ++i) x[t][i] = embed[static_cast<size_t>(tokens[t]) * hidden + i];
   auto snapshot = [&] {
     std::vector<std::vector<float>> s(n);
     for (int t = 0; t < n; ++t) s[t].assign(x[t].begin(), x[t].end());
@@ -89,7 +93,7 @@ DenseResult DenseForward(const ModelConfig& c, const ModelWeights& w,
   };
   snapshot();
   for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& lw = w.layers[l];
+    const LayerWeights lw = w.RowMajorLayer(l);
     std::vector<Vec> qkv(n);
     for (int t = 0; t < n; ++t) {
       Vec h = RmsNorm(x[t], lw.input_norm.data(), hidden, c.rms_norm_eps);
@@ -158,7 +162,6 @@ DenseResult DenseForward(const ModelConfig& c, const ModelWeights& w,
     }
     snapshot();
   }
-  const std::vector<float>& head = w.Head();
   for (int t = 0; t < n; ++t) {
     Vec h = RmsNorm(x[t], w.final_norm.data(), hidden, c.rms_norm_eps);
     Vec logits = MatVec(head, 0, c.vocab_size, hidden, h);

@@ -67,11 +67,12 @@ absl::Status CudaDFlash::Init() {
     embed_ptr_ = target->device_embed();
     head_ptr_ = target->device_head();
   } else {
+    // The target's host matrices are packed for the CPU: row-major again for the upload.
     const ModelWeights& t = model_->target().weights();
-    TANDEM_RETURN_IF_ERROR(UploadBf16(embed_, t.embed));
+    TANDEM_RETURN_IF_ERROR(UploadBf16(embed_, t.EmbedRowMajor()));
     embed_ptr_ = head_ptr_ = embed_.get();
-    if (!t.lm_head.empty()) {
-      TANDEM_RETURN_IF_ERROR(UploadBf16(head_, t.lm_head));
+    if (const std::vector<float> head = t.HeadRowMajor(); !head.empty()) {
+      TANDEM_RETURN_IF_ERROR(UploadBf16(head_, head));
       head_ptr_ = head_.get();
     }
   }

@@ -83,16 +83,17 @@ absl::Status CudaTransformer::Init() {
   const ModelWeights& w = model_->weights();
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TANDEM_RETURN_IF_ERROR(kcu::CublasStatusToStatus(cublasCreate(&cublas_), "cublasCreate"));
-  TANDEM_RETURN_IF_ERROR(UploadBf16(embed_, w.embed));
+  // The host matrices are packed for the CPU: each comes back row-major for its upload.
+  TANDEM_RETURN_IF_ERROR(UploadBf16(embed_, w.EmbedRowMajor()));
   head_ptr_ = embed_.get();
-  if (!w.lm_head.empty()) {
-    TANDEM_RETURN_IF_ERROR(UploadBf16(head_, w.lm_head));
+  if (const std::vector<float> head = w.HeadRowMajor(); !head.empty()) {
+    TANDEM_RETURN_IF_ERROR(UploadBf16(head_, head));
     head_ptr_ = head_.get();
   }
   TANDEM_RETURN_IF_ERROR(UploadBf16(final_norm_, w.final_norm));
   layers_.resize(w.layers.size());
   for (size_t l = 0; l < w.layers.size(); ++l) {
-    const LayerWeights& h = w.layers[l];
+    const LayerWeights h = w.RowMajorLayer(static_cast<int>(l));
     DeviceLayer& d = layers_[l];
     const std::pair<DeviceArray<Bf16>*, const std::vector<float>*> parts[] = {
         {&d.input_norm, &h.input_norm},
