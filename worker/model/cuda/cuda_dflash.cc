@@ -69,7 +69,10 @@ absl::Status CudaDFlash::Init() {
   } else {
     // The target's host matrices are packed for the CPU: row-major again for the upload.
     const ModelWeights& t = model_->target().weights();
-    TANDEM_RETURN_IF_ERROR(UploadBf16(embed_, t.EmbedRowMajor()));
+    // An untied model keeps its embedding rows: uploaded from there, not from a copy.
+    const std::vector<float> unpacked_embed =
+        t.embed.empty() ? t.EmbedRowMajor() : std::vector<float>();
+    TANDEM_RETURN_IF_ERROR(UploadBf16(embed_, t.embed.empty() ? unpacked_embed : t.embed));
     embed_ptr_ = head_ptr_ = embed_.get();
     if (const std::vector<float> head = t.HeadRowMajor(); !head.empty()) {
       TANDEM_RETURN_IF_ERROR(UploadBf16(head_, head));

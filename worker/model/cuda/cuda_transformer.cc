@@ -84,7 +84,10 @@ absl::Status CudaTransformer::Init() {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TANDEM_RETURN_IF_ERROR(kcu::CublasStatusToStatus(cublasCreate(&cublas_), "cublasCreate"));
   // The host matrices are packed for the CPU: each comes back row-major for its upload.
-  TANDEM_RETURN_IF_ERROR(UploadBf16(embed_, w.EmbedRowMajor()));
+  // An untied model keeps its embedding rows: uploaded from there, not from a copy.
+  const std::vector<float> unpacked_embed =
+      w.embed.empty() ? w.EmbedRowMajor() : std::vector<float>();
+  TANDEM_RETURN_IF_ERROR(UploadBf16(embed_, w.embed.empty() ? unpacked_embed : w.embed));
   head_ptr_ = embed_.get();
   if (const std::vector<float> head = w.HeadRowMajor(); !head.empty()) {
     TANDEM_RETURN_IF_ERROR(UploadBf16(head_, head));
