@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <string_view>
+#include <type_traits>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/gemm.h"
 
 // The helpers below take and return wide vectors; they are internal and inlined into callers
@@ -12,28 +15,75 @@
 
 namespace tandem::kernels::cpu {
 
-PackedMatrix PackedMatrix::Pack(const float* row_major, int rows, int cols) {
+namespace {
+
+// fp32 -> bf16, rounded to nearest even (NaN stays a quiet NaN); bf16 -> fp32 exactly.
+uint16_t ToBf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float FromBf16(uint16_t half) {
+  const uint32_t bits = static_cast<uint32_t>(half) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+}  // namespace
+
+absl::StatusOr<WeightType> ParseWeightType(std::string_view name) {
+  if (name == "f32") return WeightType::kF32;
+  if (name == "bf16") return WeightType::kBf16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown CPU weight type '", std::string(name), "' (accepted: f32, bf16)"));
+}
+
+std::string_view WeightTypeName(WeightType type) {
+  return type == WeightType::kBf16 ? "bf16" : "f32";
+}
+
+PackedMatrix PackedMatrix::Pack(const float* row_major, int rows, int cols, WeightType type) {
   PackedMatrix m;
   if (rows <= 0 || cols <= 0) return m;
   m.rows_ = rows;
   m.cols_ = cols;
+  m.type_ = type;
   const int panels = (rows + kPanelRows - 1) / kPanelRows;
-  m.data_.assign(static_cast<size_t>(panels) * m.PanelFloats(), 0.0f);
+  const size_t total = static_cast<size_t>(panels) * m.PanelValues();
+  if (type == WeightType::kBf16) {
+    m.bf16_.assign(total, 0);
+  } else {
+    m.data_.assign(total, 0.0f);
+  }
   const long work = static_cast<long>(rows) * cols;
 #pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (work > (1 << 20))
   for (int p = 0; p < panels; ++p) {
-    float* panel = m.data_.data() + static_cast<size_t>(p) * m.PanelFloats();
+    const size_t base = static_cast<size_t>(p) * m.PanelValues();
     for (int lane = 0; lane < kPanelRows && p * kPanelRows + lane < rows; ++lane) {
       const float* row = row_major + static_cast<size_t>(p * kPanelRows + lane) * cols;
-      for (int i = 0; i < cols; ++i) panel[static_cast<size_t>(i) * kPanelRows + lane] = row[i];
+      for (int i = 0; i < cols; ++i) {
+        const size_t at = base + static_cast<size_t>(i) * kPanelRows + lane;
+        if (type == WeightType::kBf16) {
+          m.bf16_[at] = ToBf16(row[i]);
+        } else {
+          m.data_[at] = row[i];
+        }
+      }
     }
   }
   return m;
 }
 
 void PackedMatrix::CopyRow(int r, float* out) const {
-  const float* panel = this->panel(r / kPanelRows) + r % kPanelRows;
-  for (int i = 0; i < cols_; ++i) out[i] = panel[static_cast<size_t>(i) * kPanelRows];
+  const size_t base = static_cast<size_t>(r / kPanelRows) * PanelValues() + r % kPanelRows;
+  for (int i = 0; i < cols_; ++i) {
+    const size_t at = base + static_cast<size_t>(i) * kPanelRows;
+    out[i] = type_ == WeightType::kBf16 ? FromBf16(bf16_[at]) : data_[at];
+  }
 }
 
 std::vector<float> PackedMatrix::RowMajor() const {
@@ -56,6 +106,28 @@ inline __attribute__((always_inline)) typename VecOf<W>::type Load(const float* 
   return v;
 }
 
+template <int W>
+struct HalfOf {
+  typedef uint16_t type __attribute__((vector_size(sizeof(uint16_t) * W)));
+};
+template <int W>
+struct BitsOf {
+  typedef uint32_t type __attribute__((vector_size(sizeof(uint32_t) * W)));
+};
+
+// W bf16 values widened to fp32 (each the upper half of its float's bits).
+template <int W>
+inline __attribute__((always_inline)) typename VecOf<W>::type Load(const uint16_t* p) {
+  using Half = typename HalfOf<W>::type;
+  using Bits = typename BitsOf<W>::type;
+  Half half;
+  std::memcpy(&half, p, sizeof(half));
+  const Bits bits = __builtin_convertvector(half, Bits) << 16;
+  typename VecOf<W>::type v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
 // Steps of k per chunk when a tile's input rows pass over its panels in several groups: the
 // chunk of the tile's panels stays in the L1 cache for the later groups (16 KB a panel).
 constexpr int kChunk = 256;
@@ -68,8 +140,8 @@ constexpr int kPrefetchSteps = 32;
 // The steps of k in [i0, i1) of NP panels (ps floats apart, from pw) against G input rows (x, rows
 // ldx apart): acc_mem[j * NP * V + v] holds row j's partial sums for the panels' V-vector columns
 // (started from zero when `first`). Every sum is one multiply-add chain over k in order.
-template <int W, int NP, int G>
-inline __attribute__((always_inline)) void Steps(const float* __restrict pw, size_t ps,
+template <int W, int NP, int G, typename T>
+inline __attribute__((always_inline)) void Steps(const T* __restrict pw, size_t ps,
                                                  const float* __restrict x, size_t ldx, int i0,
                                                  int i1, bool first, bool prefetch,
                                                  typename VecOf<W>::type* __restrict acc_mem) {
@@ -112,37 +184,65 @@ inline __attribute__((always_inline)) void Steps(const float* __restrict pw, siz
 }
 
 // Steps for a group of g input rows (1 <= g <= G).
-template <int W, int NP, int G>
-inline __attribute__((always_inline)) void GroupSteps(int g, const float* pw, size_t ps,
-                                                      const float* x, size_t ldx, int i0, int i1,
-                                                      bool first, bool prefetch,
+template <int W, int NP, int G, typename T>
+inline __attribute__((always_inline)) void GroupSteps(int g, const T* pw, size_t ps, const float* x,
+                                                      size_t ldx, int i0, int i1, bool first,
+                                                      bool prefetch,
                                                       typename VecOf<W>::type* acc_mem) {
   if constexpr (G > 1) {
     if (g < G) {
-      return GroupSteps<W, NP, G - 1>(g, pw, ps, x, ldx, i0, i1, first, prefetch, acc_mem);
+      return GroupSteps<W, NP, G - 1, T>(g, pw, ps, x, ldx, i0, i1, first, prefetch, acc_mem);
     }
   }
-  Steps<W, NP, G>(pw, ps, x, ldx, i0, i1, first, prefetch, acc_mem);
+  Steps<W, NP, G, T>(pw, ps, x, ldx, i0, i1, first, prefetch, acc_mem);
 }
 
 // Panels p0 .. p0 + NP - 1 against every input row, then their outputs written (the rows of the
 // product's range only).
-template <int W, int NP, int G>
+template <int W, int NP, int G, typename T>
 inline __attribute__((always_inline)) void Tile(const PackedProduct& p, int row_end, int p0) {
   using Vec = typename VecOf<W>::type;
   constexpr int V = NP * kPanelRows / W;
   Vec acc[kPackedMaxM * V];
   const PackedMatrix& w = *p.w;
   const int k = w.cols();
-  const size_t ps = w.PanelFloats(), ldx = p.ldx > 0 ? p.ldx : k;
-  const float* pw = w.panel(p0);
+  const size_t ps = w.PanelValues(), ldx = p.ldx > 0 ? p.ldx : k;
+  const T* pw;
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    pw = w.bf16_panel(p0);
+  } else {
+    pw = w.panel(p0);
+  }
   const bool groups = p.m > G;
   const int chunk = groups ? kChunk : k;
   for (int i0 = 0; i0 < k; i0 += chunk) {
     const int i1 = std::min(k, i0 + chunk);
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (groups) {
+        // Several groups pass over this chunk: widen it to fp32 once, into L1, instead of once
+        // per group (the widening is exact, so the sums are the same).
+        float wide[NP * kChunk * kPanelRows];
+        const int len = i1 - i0;
+        for (int q = 0; q < NP; ++q) {
+          const uint16_t* src = pw + q * ps + static_cast<size_t>(i0) * kPanelRows;
+          float* dst = wide + static_cast<size_t>(q) * len * kPanelRows;
+          for (int i = 0; i < len * kPanelRows; i += W) {
+            __builtin_prefetch(src + i + kPrefetchSteps * kPanelRows);
+            const Vec v = Load<W>(src + i);
+            std::memcpy(dst + i, &v, sizeof(v));
+          }
+        }
+        for (int j0 = 0; j0 < p.m; j0 += G) {
+          GroupSteps<W, NP, G, float>(std::min(G, p.m - j0), wide,
+                                      static_cast<size_t>(len) * kPanelRows, p.x + j0 * ldx + i0,
+                                      ldx, 0, len, i0 == 0, false, acc + j0 * V);
+        }
+        continue;
+      }
+    }
     for (int j0 = 0; j0 < p.m; j0 += G) {
-      GroupSteps<W, NP, G>(std::min(G, p.m - j0), pw, ps, p.x + j0 * ldx, ldx, i0, i1, i0 == 0,
-                           p.m > 1 && j0 == 0, acc + j0 * V);
+      GroupSteps<W, NP, G, T>(std::min(G, p.m - j0), pw, ps, p.x + j0 * ldx, ldx, i0, i1, i0 == 0,
+                              p.m > 1 && j0 == 0, acc + j0 * V);
     }
   }
   const int ldy = p.ldy > 0 ? p.ldy : row_end - p.row_begin;
@@ -161,14 +261,22 @@ inline __attribute__((always_inline)) void Tile(const PackedProduct& p, int row_
 }
 
 // Panels [p0, p1) in tiles of NP (the last ones one at a time).
+template <int W, int NP, int G, typename T>
+inline __attribute__((always_inline)) void PanelsOf(const PackedProduct& p, int row_end, int p0,
+                                                    int p1) {
+  int q = p0;
+  for (; q + NP <= p1; q += NP) Tile<W, NP, G, T>(p, row_end, q);
+  if constexpr (NP > 1) {
+    for (; q < p1; ++q) Tile<W, 1, G, T>(p, row_end, q);
+  }
+}
+
+// Panels [p0, p1) in tiles of NP (the last ones one at a time), over the matrix's weight type.
 template <int W, int NP, int G>
 inline __attribute__((always_inline)) void Panels(const PackedProduct& p, int row_end, int p0,
                                                   int p1) {
-  int q = p0;
-  for (; q + NP <= p1; q += NP) Tile<W, NP, G>(p, row_end, q);
-  if constexpr (NP > 1) {
-    for (; q < p1; ++q) Tile<W, 1, G>(p, row_end, q);
-  }
+  if (p.w->type() == WeightType::kBf16) return PanelsOf<W, NP, G, uint16_t>(p, row_end, p0, p1);
+  PanelsOf<W, NP, G, float>(p, row_end, p0, p1);
 }
 
 // The tile shapes per instruction set and input rows: enough independent chains to cover the

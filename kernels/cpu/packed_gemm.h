@@ -13,11 +13,23 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string_view>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace tandem::kernels::cpu {
 
 inline constexpr int kPanelRows = 16;
+
+// How a packed matrix holds its values: fp32, or bf16 (the upper half of the fp32 bits, rounded
+// to nearest even when packed) that the kernel widens to fp32 as it loads them, half the bytes
+// a product streams. Products accumulate in fp32 either way.
+enum class WeightType { kF32, kBf16 };
+// "f32" / "bf16"; anything else is InvalidArgument naming the accepted values.
+absl::StatusOr<WeightType> ParseWeightType(std::string_view name);
+std::string_view WeightTypeName(WeightType type);
 // Input rows of one pass over the weights (a product of more runs in slabs of this many).
 inline constexpr int kPackedMaxM = 64;
 
@@ -27,25 +39,33 @@ class PackedMatrix {
  public:
   PackedMatrix() = default;
   // From row-major values (rows apart by `cols`).
-  static PackedMatrix Pack(const float* row_major, int rows, int cols);
+  static PackedMatrix Pack(const float* row_major, int rows, int cols,
+                           WeightType type = WeightType::kF32);
 
   int rows() const { return rows_; }
   int cols() const { return cols_; }
   bool empty() const { return rows_ == 0; }
-  // The floats of panel p: cols() steps of kPanelRows values.
-  const float* panel(int p) const { return data_.data() + static_cast<size_t>(p) * PanelFloats(); }
-  size_t PanelFloats() const { return static_cast<size_t>(cols_) * kPanelRows; }
+  WeightType type() const { return type_; }
+  // Panel p's values (cols() steps of kPanelRows values): fp32 or bf16 bits, as type() says.
+  const float* panel(int p) const { return data_.data() + static_cast<size_t>(p) * PanelValues(); }
+  const uint16_t* bf16_panel(int p) const {
+    return bf16_.data() + static_cast<size_t>(p) * PanelValues();
+  }
+  size_t PanelValues() const { return static_cast<size_t>(cols_) * kPanelRows; }
   // Bytes a product reads (the padding included).
-  size_t bytes() const { return data_.size() * sizeof(float); }
+  size_t bytes() const { return data_.size() * sizeof(float) + bf16_.size() * sizeof(uint16_t); }
 
-  // Row r into out[0, cols) (an embedding lookup from a tied head).
+  // Row r into out[0, cols) (an embedding lookup from a tied head), in fp32.
   void CopyRow(int r, float* out) const;
-  // The matrix back in row-major order (for a device upload or a reference).
+  // The matrix back in row-major order in fp32 (for a device upload or a reference); bf16
+  // values come back as the fp32 values the products use.
   std::vector<float> RowMajor() const;
 
  private:
-  std::vector<float> data_;
+  std::vector<float> data_;     // kF32
+  std::vector<uint16_t> bf16_;  // kBf16
   int rows_ = 0, cols_ = 0;
+  WeightType type_ = WeightType::kF32;
 };
 
 struct PackedProduct {

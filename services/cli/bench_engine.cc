@@ -210,7 +210,8 @@ int RunBenchEngine(const BenchEngineArgs& args) {
   const ModelConfig& config = *shape;
   absl::StatusOr<GridSpec> grid_spec = MakeGridSpec(args);
   if (!grid_spec.ok()) return Fail(grid_spec.status());
-  absl::StatusOr<DeviceOptions> device = ResolveDevice(args.device, args.cuda_graphs);
+  absl::StatusOr<DeviceOptions> device =
+      ResolveDevice(args.device, args.cuda_graphs, args.cpu_weights);
   if (!device.ok()) {
     std::fprintf(stderr, "bench engine: --device: %s\n",
                  std::string(device.status().message()).c_str());
@@ -220,8 +221,11 @@ int RunBenchEngine(const BenchEngineArgs& args) {
   const auto setup_start = Clock::now();
   // The small model keeps the weights earlier runs measured (and PERF.md records); larger ones
   // are drawn on every core.
+  // On a GPU the host weights only feed the bf16 upload: kept in fp32, their bytes below count
+  // as fp32 before the halving for bf16.
   auto model = Transformer::FromWeights(
-      config, args.shape == "small" ? RandomWeights(config, 7) : BenchmarkWeights(config, 7));
+      config, args.shape == "small" ? RandomWeights(config, 7) : BenchmarkWeights(config, 7),
+      cuda ? kernels::cpu::WeightType::kF32 : device->cpu_weights);
   if (absl::Status moved = model->UseDevice(*device); !moved.ok()) {
     std::fprintf(stderr, "bench engine: --device: %s\n", moved.ToString().c_str());
     return 1;
@@ -301,6 +305,7 @@ int RunBenchEngine(const BenchEngineArgs& args) {
   nlohmann::json j = {
       {"device", DeviceName(device->device)},
       {"cuda_graphs", cuda && args.cuda_graphs},
+      {"cpu_weights", cuda ? "" : std::string(kernels::cpu::WeightTypeName(device->cpu_weights))},
       {"threads", threads},
       {"setup_seconds", setup_seconds},
       {"model",

@@ -20,6 +20,7 @@ struct BenchEngineArgs {
   int layers = 0;              // 0 = the shape's
   std::string device = "cpu";  // cpu or cuda
   bool cuda_graphs = true;
+  std::string cpu_weights = "f32";  // f32 or bf16 (kernels/cpu/packed_gemm.h)
   // The grid (empty batches: none): every batch x extend at every context, each point the
   // median of grid_reps steps after two warm-up steps.
   std::vector<int> grid_batches;

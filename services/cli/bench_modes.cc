@@ -295,7 +295,8 @@ int RunBenchModes(const BenchModesArgs& args) {
     variants = std::move(chosen);
   }
 
-  absl::StatusOr<DeviceOptions> device = ResolveDevice(args.device, args.cuda_graphs);
+  absl::StatusOr<DeviceOptions> device =
+      ResolveDevice(args.device, args.cuda_graphs, args.cpu_weights);
   if (!device.ok()) {
     std::fprintf(stderr, "bench modes: --device: %s\n",
                  std::string(device.status().message()).c_str());

@@ -25,6 +25,7 @@ struct BenchModesArgs {
   int threads = 0;
   std::string device = "cpu";  // cpu or cuda: where the target and drafter models run
   bool cuda_graphs = true;
+  std::string cpu_weights = "f32";  // f32 or bf16 (kernels/cpu/packed_gemm.h)
 };
 
 int RunBenchModes(const BenchModesArgs& args);

@@ -61,6 +61,11 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("--cuda-graphs", engine->cuda_graphs,
                   "With --device cuda: replay decode steps as CUDA graphs")
       ->capture_default_str();
+  cmd->add_option("--cpu-weights", engine->cpu_weights,
+                  "How the CPU forward holds the products' weights: f32, or bf16 (half the bytes a "
+                  "step reads; fp32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   cmd->callback([engine, exit_code] { *exit_code = RunBenchEngine(*engine); });
 
   auto cluster = std::make_shared<BenchClusterArgs>();
@@ -135,6 +140,12 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   modes_cmd
       ->add_option("--cuda-graphs", modes->cuda_graphs,
                    "With --device cuda: replay decode steps as CUDA graphs")
+      ->capture_default_str();
+  modes_cmd
+      ->add_option("--cpu-weights", modes->cpu_weights,
+                   "How the CPU forward holds the products' weights: f32, or bf16 (half the bytes "
+                   "a step reads; fp32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   modes_cmd->callback([modes, exit_code] { *exit_code = RunBenchModes(*modes); });
 

@@ -43,11 +43,13 @@ struct GenerateArgs {
   int threads = 0;
   std::string device = "cpu";
   bool cuda_graphs = true;
+  std::string cpu_weights = "f32";
 };
 
 int RunGenerate(const GenerateArgs& args) {
   kernels::cpu::SetBlasThreads(args.threads);
-  absl::StatusOr<DeviceOptions> device = ResolveDevice(args.device, args.cuda_graphs);
+  absl::StatusOr<DeviceOptions> device =
+      ResolveDevice(args.device, args.cuda_graphs, args.cpu_weights);
   if (!device.ok()) {
     std::fprintf(stderr, "tandem generate: --device: %s\n",
                  std::string(device.status().message()).c_str());
@@ -372,6 +374,11 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--cuda-graphs", args->cuda_graphs,
                   "With --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
+      ->capture_default_str();
+  cmd->add_option("--cpu-weights", args->cpu_weights,
+                  "How the CPU forward holds the products' weights: f32, or bf16 (half the bytes a "
+                  "step reads; fp32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->callback([args, exit_code, mode, seed] {
     args->mode_set = mode->count() > 0;

@@ -35,6 +35,7 @@ struct Flags {
   std::string tool_call_syntax = "auto";  // or a ToolCallSyntaxName
   std::string device = "cpu";
   bool cuda_graphs = true;
+  std::string cpu_weights = "f32";
   int64_t kv_tokens = 65536;
   int max_batch_tokens = 1024;
   int max_mode_block = 64;
@@ -72,7 +73,7 @@ int Run(Flags flags) {
   }
   flags.client_tls.token = *cluster_token;  // sent to the drafters
   absl::StatusOr<tandem::DeviceOptions> device =
-      tandem::ResolveDevice(flags.device, flags.cuda_graphs);
+      tandem::ResolveDevice(flags.device, flags.cuda_graphs, flags.cpu_weights);
   if (!device.ok()) {
     std::cerr << "tandem-verifier: --device: " << device.status().message() << "\n";
     return 1;
@@ -292,6 +293,12 @@ int main(int argc, char** argv) {
   app.add_option("--cuda-graphs", flags.cuda_graphs,
                  "with --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
       ->envname("TANDEM_VERIFIER_CUDA_GRAPHS")
+      ->capture_default_str();
+  app.add_option("--cpu-weights", flags.cpu_weights,
+                 "how the CPU forward holds the products' weights: f32, or bf16 (half the bytes a "
+                 "step reads; fp32 accumulation)")
+      ->envname("TANDEM_VERIFIER_CPU_WEIGHTS")
+      ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   app.add_option("--kv-tokens", flags.kv_tokens, "KV cache capacity in tokens (memory budget)")
       ->envname("TANDEM_VERIFIER_KV_TOKENS")

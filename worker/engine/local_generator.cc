@@ -15,7 +15,7 @@ namespace tandem {
 absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device) {
   LoadedModel loaded;
   loaded.dir = dir;
-  TANDEM_ASSIGN_OR_RETURN(loaded.model, Transformer::Load(dir));
+  TANDEM_ASSIGN_OR_RETURN(loaded.model, Transformer::Load(dir, device.cpu_weights));
   if (device.device != Device::kCpu) TANDEM_RETURN_IF_ERROR(loaded.model->UseDevice(device));
   TANDEM_ASSIGN_OR_RETURN(loaded.tokenizer, Tokenizer::FromFile(dir + "/tokenizer.json"));
   TANDEM_ASSIGN_OR_RETURN(loaded.chat_template, ChatTemplate::FromModelDir(dir));

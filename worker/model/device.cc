@@ -46,11 +46,14 @@ absl::Status CheckDeviceAvailable(Device device) {
 #endif
 }
 
-absl::StatusOr<DeviceOptions> ResolveDevice(std::string_view name, bool cuda_graphs) {
+absl::StatusOr<DeviceOptions> ResolveDevice(std::string_view name, bool cuda_graphs,
+                                            std::string_view cpu_weights) {
   absl::StatusOr<Device> device = ParseDevice(name);
   if (!device.ok()) return device.status();
   if (absl::Status available = CheckDeviceAvailable(*device); !available.ok()) return available;
-  return DeviceOptions{.device = *device, .cuda_graphs = cuda_graphs};
+  absl::StatusOr<kernels::cpu::WeightType> weights = kernels::cpu::ParseWeightType(cpu_weights);
+  if (!weights.ok()) return weights.status();
+  return DeviceOptions{.device = *device, .cuda_graphs = cuda_graphs, .cpu_weights = *weights};
 }
 
 #ifdef TANDEM_HAVE_CUDA

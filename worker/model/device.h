@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cpu/packed_gemm.h"
 
 namespace tandem {
 
@@ -17,6 +18,9 @@ struct DeviceOptions {
   // kCuda: capture decode steps (every extend one causal token) as CUDA graphs per batch-size
   // bucket and replay them; false runs every step with eager launches.
   bool cuda_graphs = true;
+  // How the CPU forward holds the products' weights (ModelWeights::PackForCpu): fp32, or bf16
+  // (half the bytes a step reads; the products accumulate in fp32). Models load with it.
+  kernels::cpu::WeightType cpu_weights = kernels::cpu::WeightType::kF32;
 };
 
 // "cpu" or "cuda"; anything else is InvalidArgument naming the accepted values.
@@ -52,8 +56,10 @@ class DeviceCopyTimer {
   std::unique_ptr<Resources> resources_;
 };
 
-// What the binaries' --device / --cuda-graphs flags resolve to: ParseDevice, then
-// CheckDeviceAvailable, so "--device cuda" without a GPU fails before any model is loaded.
-absl::StatusOr<DeviceOptions> ResolveDevice(std::string_view name, bool cuda_graphs = true);
+// What the binaries' --device / --cuda-graphs / --cpu-weights flags resolve to: ParseDevice,
+// then CheckDeviceAvailable, so "--device cuda" without a GPU fails before any model is loaded,
+// and ParseWeightType.
+absl::StatusOr<DeviceOptions> ResolveDevice(std::string_view name, bool cuda_graphs = true,
+                                            std::string_view cpu_weights = "f32");
 
 }  // namespace tandem

@@ -13,20 +13,24 @@
 
 namespace tandem {
 
-Transformer::Transformer(ModelConfig config, ModelWeights weights)
+Transformer::Transformer(ModelConfig config, ModelWeights weights,
+                         kernels::cpu::WeightType cpu_weights)
     : config_(std::move(config)), weights_(std::move(weights)) {
-  weights_.PackForCpu();
+  weights_.PackForCpu(cpu_weights);
   backend_ = std::make_unique<CpuTransformer>(this);
 }
 
-absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(
+    const std::string& dir, kernels::cpu::WeightType cpu_weights) {
   TANDEM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   TANDEM_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(dir, config));
-  return FromWeights(std::move(config), std::move(weights));
+  return FromWeights(std::move(config), std::move(weights), cpu_weights);
 }
 
-std::unique_ptr<Transformer> Transformer::FromWeights(ModelConfig config, ModelWeights weights) {
-  return std::unique_ptr<Transformer>(new Transformer(std::move(config), std::move(weights)));
+std::unique_ptr<Transformer> Transformer::FromWeights(ModelConfig config, ModelWeights weights,
+                                                      kernels::cpu::WeightType cpu_weights) {
+  return std::unique_ptr<Transformer>(
+      new Transformer(std::move(config), std::move(weights), cpu_weights));
 }
 
 KvCacheOptions Transformer::KvOptions(int64_t max_tokens, int block_size) const {

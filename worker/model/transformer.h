@@ -30,9 +30,14 @@ namespace tandem {
 
 class Transformer {
  public:
-  // Loads config.json and the safetensors weights in `dir`.
-  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& dir);
-  static std::unique_ptr<Transformer> FromWeights(ModelConfig config, ModelWeights weights);
+  // Loads config.json and the safetensors weights in `dir`; the CPU forward's products hold
+  // their weights as `cpu_weights` (ModelWeights::PackForCpu).
+  static absl::StatusOr<std::unique_ptr<Transformer>> Load(
+      const std::string& dir,
+      kernels::cpu::WeightType cpu_weights = kernels::cpu::WeightType::kF32);
+  static std::unique_ptr<Transformer> FromWeights(
+      ModelConfig config, ModelWeights weights,
+      kernels::cpu::WeightType cpu_weights = kernels::cpu::WeightType::kF32);
 
   const ModelConfig& config() const { return config_; }
   // Packed for the CPU (ModelWeights::PackForCpu) when the model is built: the products'
@@ -71,7 +76,7 @@ class Transformer {
   absl::StatusOr<std::vector<ExtendOutput>> Forward(std::span<const Extend> batch, KvCache& kv);
 
  private:
-  Transformer(ModelConfig config, ModelWeights weights);
+  Transformer(ModelConfig config, ModelWeights weights, kernels::cpu::WeightType cpu_weights);
 
   absl::Status Validate(std::span<const Extend> batch, const KvCache& kv) const;
 

@@ -57,10 +57,11 @@ size_t ModelWeights::ParameterCount() const {
 namespace {
 
 // `v` ([rows, cols] row-major, cols = v.size() / rows) packed, and released.
-kernels::cpu::PackedMatrix PackRows(std::vector<float>& v, int cols) {
+kernels::cpu::PackedMatrix PackRows(std::vector<float>& v, int cols,
+                                    kernels::cpu::WeightType type) {
   if (v.empty() || cols <= 0) return {};
   const int rows = static_cast<int>(v.size() / cols);
-  kernels::cpu::PackedMatrix m = kernels::cpu::PackedMatrix::Pack(v.data(), rows, cols);
+  kernels::cpu::PackedMatrix m = kernels::cpu::PackedMatrix::Pack(v.data(), rows, cols, type);
   std::vector<float>().swap(v);
   return m;
 }
@@ -72,21 +73,21 @@ std::vector<float> RowMajorOf(const std::vector<float>& v, const kernels::cpu::P
 
 }  // namespace
 
-void ModelWeights::PackForCpu() {
+void ModelWeights::PackForCpu(kernels::cpu::WeightType type) {
   if (packed()) return;
   const int hidden = static_cast<int>(final_norm.size());
   packed_layers.resize(layers.size());
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerWeights& l = layers[i];
     PackedLayer& p = packed_layers[i];
-    p.qkv = PackRows(l.qkv, hidden);
+    p.qkv = PackRows(l.qkv, hidden, type);
     // o: [hidden, q_out]; down: [hidden, intermediate].
-    p.o = PackRows(l.o, hidden > 0 ? static_cast<int>(l.o.size() / hidden) : 0);
-    p.gate_up = PackRows(l.gate_up, hidden);
-    p.down = PackRows(l.down, hidden > 0 ? static_cast<int>(l.down.size() / hidden) : 0);
+    p.o = PackRows(l.o, hidden > 0 ? static_cast<int>(l.o.size() / hidden) : 0, type);
+    p.gate_up = PackRows(l.gate_up, hidden, type);
+    p.down = PackRows(l.down, hidden > 0 ? static_cast<int>(l.down.size() / hidden) : 0, type);
   }
   head_tied = lm_head.empty();
-  packed_head = PackRows(head_tied ? embed : lm_head, hidden);
+  packed_head = PackRows(head_tied ? embed : lm_head, hidden, type);
 }
 
 ModelWeights ModelWeights::Unpacked() const {

@@ -49,9 +49,10 @@ struct ModelWeights {
   bool head_tied = false;  // set by PackForCpu: the packed head is also the embedding
 
   bool packed() const { return !packed_head.empty(); }
-  // Packs the matrices (no-op when packed). Shapes come from the vectors: hidden is
-  // final_norm.size().
-  void PackForCpu();
+  // Packs the matrices as `type` (no-op when packed). Shapes come from the vectors: hidden is
+  // final_norm.size(). With kBf16 the values are rounded to bf16 (the row-major accessors then
+  // give the rounded values).
+  void PackForCpu(kernels::cpu::WeightType type = kernels::cpu::WeightType::kF32);
 
   // Row-major head; only before PackForCpu.
   const std::vector<float>& Head() const { return lm_head.empty() ? embed : lm_head; }

@@ -103,6 +103,17 @@ TEST_P(PackedLinearTest, MatchesDoublePrecisionReference) {
     LinearWith(version, x.data(), packed, with_bias ? bias.data() : nullptr, y.data(), m);
     ExpectClose(y, want, k);
   }
+  // bf16 weights: the products of the rounded values, in fp32.
+  const PackedMatrix half = PackedMatrix::Pack(w.data(), n, k, WeightType::kBf16);
+  const std::vector<float> rounded = half.RowMajor();
+  const std::vector<double> want_half =
+      Reference(x, rounded, with_bias ? bias.data() : nullptr, m, k, 0, n);
+  for (const char* version : PackedKernelVersions()) {
+    SCOPED_TRACE(std::string("bf16 ") + version);
+    std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+    LinearWith(version, x.data(), half, with_bias ? bias.data() : nullptr, y.data(), m);
+    ExpectClose(y, want_half, k);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -156,24 +167,53 @@ TEST(PackedProductTest, RowsEqualTheirOneRowProducts) {
   std::mt19937 rng(11);
   const std::vector<float> x = Random(static_cast<size_t>(m) * k, rng);
   const std::vector<float> w = Random(static_cast<size_t>(n) * k, rng);
-  const PackedMatrix packed = PackedMatrix::Pack(w.data(), n, k);
   const int threads = CpuThreads();
-  for (const char* version : PackedKernelVersions()) {
-    for (int rows : {2, 3, 4, 6, 7, 12, 13, 16, 64, 80}) {
-      SetBlasThreads(rows % 2 == 0 ? 1 : 2);
-      std::vector<float> many(static_cast<size_t>(rows) * n);
-      LinearWith(version, x.data(), packed, nullptr, many.data(), rows);
-      for (int j = 0; j < rows; ++j) {
-        std::vector<float> one(n);
-        LinearWith(version, x.data() + static_cast<size_t>(j) * k, packed, nullptr, one.data(), 1);
-        for (int c = 0; c < n; ++c) {
-          ASSERT_EQ(many[static_cast<size_t>(j) * n + c], one[c])
-              << version << ": rows " << rows << ", row " << j << ", output " << c;
+  for (const WeightType type : {WeightType::kF32, WeightType::kBf16}) {
+    const PackedMatrix packed = PackedMatrix::Pack(w.data(), n, k, type);
+    for (const char* version : PackedKernelVersions()) {
+      for (int rows : {2, 3, 4, 6, 7, 12, 13, 16, 64, 80}) {
+        SetBlasThreads(rows % 2 == 0 ? 1 : 2);
+        std::vector<float> many(static_cast<size_t>(rows) * n);
+        LinearWith(version, x.data(), packed, nullptr, many.data(), rows);
+        for (int j = 0; j < rows; ++j) {
+          std::vector<float> one(n);
+          LinearWith(version, x.data() + static_cast<size_t>(j) * k, packed, nullptr, one.data(),
+                     1);
+          for (int c = 0; c < n; ++c) {
+            ASSERT_EQ(many[static_cast<size_t>(j) * n + c], one[c])
+                << WeightTypeName(type) << " " << version << ": rows " << rows << ", row " << j
+                << ", output " << c;
+          }
         }
       }
     }
   }
   SetBlasThreads(threads);
+}
+
+// bf16 packing rounds to nearest even, keeps the sign, infinities and NaN, and halves the bytes.
+TEST(PackedMatrixTest, Bf16RoundsToNearestEven) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // 1 + 2^-8 is halfway between two bf16 values (1 and 1 + 2^-7): to even, 1. 1 + 3 * 2^-8 is
+  // halfway between 1 + 2^-7 and 1 + 2^-6: to even, 1 + 2^-6. 1 + 2^-8 + 2^-20 rounds up.
+  const std::vector<float> values = {
+      1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -2.5f, inf, -inf, 0.0f,
+      3.0e38f};
+  // 3e38 = 1.7632 x 2^127: the nearest bf16 is 1.765625 x 2^127.
+  const std::vector<float> want = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f, -2.5f,
+                                   inf,  -inf,           0.0f,           0x1.c4p+127f};
+  const int n = static_cast<int>(values.size());
+  const PackedMatrix half = PackedMatrix::Pack(values.data(), n, 1, WeightType::kBf16);
+  EXPECT_EQ(half.type(), WeightType::kBf16);
+  const std::vector<float> got = half.RowMajor();
+  for (int i = 0; i < n; ++i) EXPECT_EQ(got[i], want[i]) << i;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(PackedMatrix::Pack(&nan, 1, 1, WeightType::kBf16).RowMajor()[0]));
+  const PackedMatrix full = PackedMatrix::Pack(values.data(), n, 1);
+  EXPECT_EQ(2 * half.bytes(), full.bytes());
+  EXPECT_EQ(WeightTypeName(*ParseWeightType("bf16")), "bf16");
+  EXPECT_EQ(WeightTypeName(*ParseWeightType("f32")), "f32");
+  EXPECT_FALSE(ParseWeightType("fp8").ok());
 }
 
 TEST(PackedProductTest, NamesItsVersion) {

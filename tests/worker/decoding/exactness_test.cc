@@ -1,8 +1,9 @@
 // The exactness harness for lossless decoding modes: under greedy decoding a lossless mode
 // must reproduce ArMode's tokens exactly — over many prompts on two random-weight
-// architectures, with stop tokens that land inside a multi-token step, at max_tokens boundaries
-// around the draft length, and with the budget ending at the model's context limit. A mode
-// joins by adding one line to the INSTANTIATE_TEST_SUITE_P list at the bottom.
+// architectures (one with fp32 CPU weights, one with bf16), with stop tokens that land inside a
+// multi-token step, at max_tokens boundaries around the draft length, and with the budget ending at
+// the model's context limit. A mode joins by adding one line to the INSTANTIATE_TEST_SUITE_P list
+// at the bottom.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -258,8 +259,12 @@ const std::vector<TestModel>& Models() {
     auto* m = new std::vector<TestModel>();
     m->push_back({"qwen2", testing::TinyModel(TinyArch::kQwen2, 7, kContext),
                   testing::TestPrompts(64, kPromptsPerModel, 11)});
-    m->push_back({"qwen3", testing::TinyModel(TinyArch::kQwen3, 8, kContext),
-                  testing::TestPrompts(97, kPromptsPerModel, 12)});
+    // The Qwen3 model holds its CPU weights in bf16, so every mode is checked on both weight
+    // types (against the AR of the same weights).
+    m->push_back(
+        {"qwen3_bf16",
+         testing::TinyModel(TinyArch::kQwen3, 8, kContext, kernels::cpu::WeightType::kBf16),
+         testing::TestPrompts(97, kPromptsPerModel, 12)});
     for (TestModel& t : *m) {
       t.perturbed = testing::PerturbedModel(*t.model, 21, 0.05f);
       t.independent = testing::TinyModel(

@@ -43,11 +43,12 @@ inline ModelConfig TinyConfig(TinyArch arch, int max_positions = 128) {
   return c;
 }
 
-inline std::unique_ptr<Transformer> TinyModel(TinyArch arch, uint64_t seed,
-                                              int max_positions = 128) {
+inline std::unique_ptr<Transformer> TinyModel(
+    TinyArch arch, uint64_t seed, int max_positions = 128,
+    kernels::cpu::WeightType cpu_weights = kernels::cpu::WeightType::kF32) {
   const ModelConfig c = TinyConfig(arch, max_positions);
   // Large weights make the logits peaked, so greedy outputs settle into repeating runs.
-  return Transformer::FromWeights(c, RandomWeights(c, seed, 0.35f));
+  return Transformer::FromWeights(c, RandomWeights(c, seed, 0.35f), cpu_weights);
 }
 
 // Every vector of a layer's weights (norms and biases too, empty ones included).
