@@ -19,7 +19,8 @@ What it measures
             computed the same way for llama.cpp.
   Model loading is excluded for both. Both engines compute in fp32 with the default
   --gguf-type f32 (Tandem widens the checkpoint to fp32; llama.cpp gets f32 weights and, with
-  the default --llama-kv f32, an f32 KV cache).
+  the default --llama-kv f32, an f32 KV cache). Half-width weights on both sides:
+  --gguf-type f16 --llama-kv f16 --tandem-weights bf16 (Tandem's products still sum in fp32).
 
   The speed model is a random Qwen3 checkpoint (seeded normal weights, std 0.02, norms 1, fp32
   safetensors; hidden 768, 12 layers, 12 query / 4 KV heads of 64, MLP 2048, untied head,
@@ -39,6 +40,7 @@ How to run (from the repository root, with Tandem built in build/):
   python3 tools/bench/llamacpp_peer.py --rounds 2 --tokens 64 --json
   python3 tools/bench/llamacpp_peer.py --model DIR --threads 4   # an existing checkpoint
   python3 tools/bench/llamacpp_peer.py --work DIR    # keep the checkpoint and GGUFs in DIR
+  python3 tools/bench/llamacpp_peer.py --gguf-type f16 --llama-kv f16 --tandem-weights bf16
 Progress goes to stderr; the table (or the JSON object) to stdout. The machine should be
 otherwise idle: the two engines run one after the other, and the ratio of each round pairs
 runs a few seconds apart.
@@ -271,10 +273,11 @@ def to_gguf(model_dir: Path, out: Path, weight_type: str) -> dict:
 
 
 class Tandem:
-    def __init__(self, binary: Path):
+    def __init__(self, binary: Path, cpu_weights: str = "f32"):
         if not os.access(binary, os.X_OK):
             raise BenchError(f"{binary} is not an executable (build Tandem first, or --tandem)")
         self.binary = binary
+        self.cpu_weights = cpu_weights
 
     def version(self) -> str:
         done = subprocess.run([str(self.binary), "version"], capture_output=True, text=True)
@@ -284,7 +287,7 @@ class Tandem:
         """One `tandem generate --json` run (greedy, mode ar)."""
         cmd = [str(self.binary), "generate", "--model", str(model_dir), f"--prompt={prompt}",
                "--mode", "ar", "--temperature", "0", "--max-tokens", str(max_tokens),
-               "--threads", str(threads), "--json"]
+               "--threads", str(threads), "--cpu-weights", self.cpu_weights, "--json"]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
@@ -534,7 +537,8 @@ def print_report(report: dict) -> None:
           "the end (1, 5, 15 min; anything else running skews the timings)")
     s = report["speed"]
     print(f"\nspeed model: {s['model']}: {s['shape']}; {s['parameters'] / 1e6:.1f}M "
-          f"parameters; GGUF {s['gguf_type']}, llama.cpp KV cache {s['llama_kv']}")
+          f"parameters; GGUF {s['gguf_type']}, llama.cpp KV cache {s['llama_kv']}, "
+          f"Tandem weights {s['tandem_weights']}")
     print(f"prompt {s['prompt_tokens']} tokens (llama.cpp's tokenizer "
           f"{'agrees' if s['llama_tokenizer_same'] else 'DIFFERS'}), {s['tokens']} new tokens, "
           f"{s['rounds']} paired rounds, engine order alternating")
@@ -602,6 +606,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="GGUF matrix weights (norms stay f32)")
     parser.add_argument("--llama-kv", choices=("f32", "f16"), default="f32",
                         help="llama.cpp KV cache type (Tandem's is fp32)")
+    parser.add_argument("--tandem-weights", choices=("f32", "bf16"), default="f32",
+                        help="Tandem's CPU weights (`tandem generate --cpu-weights`)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random checkpoint")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of the table")
@@ -626,7 +632,7 @@ def main() -> int:
 
     from tokenizers import Tokenizer
 
-    tandem = Tandem(args.tandem.resolve())
+    tandem = Tandem(args.tandem.resolve(), args.tandem_weights)
     env = environment(tandem)
     temp = None
     if args.work is None:
@@ -658,7 +664,7 @@ def main() -> int:
         speed = run_speed(args, tandem, model, speed_gguf, prompt_ids)
         speed.update({"model": str(model) if args.model else f"random Qwen3 (seed {args.seed})",
                       "parameters": params, "shape": checkpoint_shape(model),
-                      "gguf_type": args.gguf_type,
+                      "gguf_type": args.gguf_type, "tandem_weights": args.tandem_weights,
                       "llama_kv": args.llama_kv, "prompt": args.prompt,
                       "prompt_tokens": len(prompt_ids), "tokens": args.tokens,
                       "rounds": args.rounds})
