@@ -233,7 +233,8 @@ int RunBenchEngine(const BenchEngineArgs& args) {
   const double setup_seconds = Since(setup_start);
   const ModelWeights& w = model->weights();
   const double params = static_cast<double>(w.ParameterCount());
-  // The host weights are fp32; the CUDA backend holds and reads them in bf16.
+  // StepBytes counts the host weights as packed (fp32, or bf16 with --cpu-weights bf16; always
+  // fp32 next to a GPU, see above); the CUDA backend holds and reads them in bf16.
   const double bytes_per_param = cuda ? 2.0 : 4.0;
   const double step_bytes = static_cast<double>(w.StepBytes()) / sizeof(float) * bytes_per_param;
 
@@ -318,7 +319,8 @@ int RunBenchEngine(const BenchEngineArgs& args) {
         {"kv_heads", config.num_kv_heads},
         {"head_dim", config.head_dim},
         {"vocab", config.vocab_size},
-        {"bytes_per_parameter", bytes_per_param},
+        {"bytes_per_parameter",
+         cuda || device->cpu_weights == kernels::cpu::WeightType::kBf16 ? 2.0 : 4.0},
         {"weight_bytes_per_step", step_bytes}}},
       {"decode",
        {{"batch", 1},
