@@ -83,10 +83,6 @@ float F16BitsToF32(uint16_t bits) {
   return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
-float BF16BitsToF32(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
-
 uint16_t F32ToF16Bits(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
@@ -111,15 +107,6 @@ uint16_t F32ToF16Bits(float value) {
   const uint32_t dropped = magnitude & 0x1fffu;
   if (dropped > 0x1000u || (dropped == 0x1000u && (half & 1u))) ++half;
   return static_cast<uint16_t>(sign | half);
-}
-
-uint16_t F32ToBF16Bits(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
-  }
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
 absl::Status ConvertToF32(DType dtype, const std::byte* src, size_t count, float* dst) {

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/bf16.h"  // BF16BitsToF32, F32ToBF16Bits
 
 namespace tandem {
 
@@ -21,11 +22,9 @@ size_t DTypeSize(DType dtype);
 // `src` need not be aligned. Other dtypes are InvalidArgument.
 absl::Status ConvertToF32(DType dtype, const std::byte* src, size_t count, float* dst);
 
-// Scalar conversions between fp32 and the 16-bit float formats. Narrowing rounds to nearest,
-// ties to even; overflow gives infinity, NaN stays NaN (quiet), subnormals are exact.
+// Scalar conversions between fp32 and f16 (bf16's are in common/bf16.h). Narrowing rounds to
+// nearest, ties to even; overflow gives infinity, NaN stays NaN (quiet), subnormals are exact.
 float F16BitsToF32(uint16_t bits);
-float BF16BitsToF32(uint16_t bits);
 uint16_t F32ToF16Bits(float value);
-uint16_t F32ToBF16Bits(float value);
 
 }  // namespace tandem
