@@ -7,33 +7,15 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/bf16.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vec.h"
 
 // The helpers below take and return wide vectors; they are internal and inlined into callers
 // compiled for the matching instruction set, so no call ever crosses the ABI GCC warns about.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace tandem::kernels::cpu {
-
-namespace {
-
-// fp32 -> bf16, rounded to nearest even (NaN stays a quiet NaN); bf16 -> fp32 exactly.
-uint16_t ToBf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float FromBf16(uint16_t half) {
-  const uint32_t bits = static_cast<uint32_t>(half) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-}  // namespace
 
 absl::StatusOr<WeightType> ParseWeightType(std::string_view name) {
   if (name == "f32") return WeightType::kF32;
@@ -68,7 +50,7 @@ PackedMatrix PackedMatrix::Pack(const float* row_major, int rows, int cols, Weig
       for (int i = 0; i < cols; ++i) {
         const size_t at = base + static_cast<size_t>(i) * kPanelRows + lane;
         if (type == WeightType::kBf16) {
-          m.bf16_[at] = ToBf16(row[i]);
+          m.bf16_[at] = F32ToBF16Bits(row[i]);
         } else {
           m.data_[at] = row[i];
         }
@@ -82,7 +64,7 @@ void PackedMatrix::CopyRow(int r, float* out) const {
   const size_t base = static_cast<size_t>(r / kPanelRows) * PanelValues() + r % kPanelRows;
   for (int i = 0; i < cols_; ++i) {
     const size_t at = base + static_cast<size_t>(i) * kPanelRows;
-    out[i] = type_ == WeightType::kBf16 ? FromBf16(bf16_[at]) : data_[at];
+    out[i] = type_ == WeightType::kBf16 ? BF16BitsToF32(bf16_[at]) : data_[at];
   }
 }
 
@@ -94,39 +76,8 @@ std::vector<float> PackedMatrix::RowMajor() const {
 
 namespace {
 
-template <int W>
-struct VecOf {
-  typedef float type __attribute__((vector_size(sizeof(float) * W)));
-};
-
-template <int W>
-inline __attribute__((always_inline)) typename VecOf<W>::type Load(const float* p) {
-  typename VecOf<W>::type v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-template <int W>
-struct HalfOf {
-  typedef uint16_t type __attribute__((vector_size(sizeof(uint16_t) * W)));
-};
-template <int W>
-struct BitsOf {
-  typedef uint32_t type __attribute__((vector_size(sizeof(uint32_t) * W)));
-};
-
-// W bf16 values widened to fp32 (each the upper half of its float's bits).
-template <int W>
-inline __attribute__((always_inline)) typename VecOf<W>::type Load(const uint16_t* p) {
-  using Half = typename HalfOf<W>::type;
-  using Bits = typename BitsOf<W>::type;
-  Half half;
-  std::memcpy(&half, p, sizeof(half));
-  const Bits bits = __builtin_convertvector(half, Bits) << 16;
-  typename VecOf<W>::type v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
+using vec::Load;
+using vec::VecOf;
 
 // Steps of k per chunk when a tile's input rows pass over its panels in several groups: the
 // chunk of the tile's panels stays in the L1 cache for the later groups (16 KB a panel).

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vec.h"
 
 // The helpers below take and return wide vectors; they are internal and inlined into callers
 // compiled for the matching instruction set, so no call ever crosses the ABI GCC warns about.
@@ -15,20 +16,8 @@ namespace tandem::kernels::cpu {
 
 namespace {
 
-// Vectors of W floats (GCC/Clang vector extensions: SSE/NEON registers for 4, AVX for 8,
-// AVX-512 for 16 when the function is compiled for that target; 1 and 2 for the last steps of a
-// lane sum).
-template <int W>
-struct VecOf {
-  typedef float type __attribute__((vector_size(sizeof(float) * W)));
-};
-
-template <int W>
-inline __attribute__((always_inline)) typename VecOf<W>::type Load(const float* p) {
-  typename VecOf<W>::type v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+using vec::Load;
+using vec::VecOf;
 
 // The lanes' sum in a fixed pairwise order: the upper half added to the lower half until one lane
 // is left (lane i += lane i + W/2, then the same on the W/2 lanes left). Done on vectors, in

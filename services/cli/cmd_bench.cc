@@ -10,6 +10,7 @@
 #include "services/cli/bench_sol.h"
 #include "services/cli/commands.h"
 #include "worker/decoding/modes.h"
+#include "worker/model/device.h"
 
 namespace tandem::cli {
 
@@ -61,9 +62,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("--cuda-graphs", engine->cuda_graphs,
                   "With --device cuda: replay decode steps as CUDA graphs")
       ->capture_default_str();
-  cmd->add_option("--cpu-weights", engine->cpu_weights,
-                  "How the CPU forward holds the products' weights: f32, or bf16 (half the bytes a "
-                  "step reads; fp32 accumulation)")
+  cmd->add_option("--cpu-weights", engine->cpu_weights, kCpuWeightsHelp)
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->callback([engine, exit_code] { *exit_code = RunBenchEngine(*engine); });
@@ -141,10 +140,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->add_option("--cuda-graphs", modes->cuda_graphs,
                    "With --device cuda: replay decode steps as CUDA graphs")
       ->capture_default_str();
-  modes_cmd
-      ->add_option("--cpu-weights", modes->cpu_weights,
-                   "How the CPU forward holds the products' weights: f32, or bf16 (half the bytes "
-                   "a step reads; fp32 accumulation)")
+  modes_cmd->add_option("--cpu-weights", modes->cpu_weights, kCpuWeightsHelp)
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   modes_cmd->callback([modes, exit_code] { *exit_code = RunBenchModes(*modes); });

@@ -14,6 +14,7 @@
 #include "services/common/server.h"
 #include "tandem/v1/generate.grpc.pb.h"
 #include "worker/engine/local_generator.h"
+#include "worker/model/device.h"
 #include "worker/model/dflash.h"
 
 namespace tandem::cli {
@@ -375,9 +376,7 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_option("--cuda-graphs", args->cuda_graphs,
                   "With --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
       ->capture_default_str();
-  cmd->add_option("--cpu-weights", args->cpu_weights,
-                  "How the CPU forward holds the products' weights: f32, or bf16 (half the bytes a "
-                  "step reads; fp32 accumulation)")
+  cmd->add_option("--cpu-weights", args->cpu_weights, kCpuWeightsHelp)
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->callback([args, exit_code, mode, seed] {

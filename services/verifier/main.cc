@@ -24,6 +24,7 @@
 #include "worker/decoding/modes.h"
 #include "worker/engine/calibration.h"
 #include "worker/engine/engine.h"
+#include "worker/model/device.h"
 
 namespace {
 
@@ -294,9 +295,7 @@ int main(int argc, char** argv) {
                  "with --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
       ->envname("TANDEM_VERIFIER_CUDA_GRAPHS")
       ->capture_default_str();
-  app.add_option("--cpu-weights", flags.cpu_weights,
-                 "how the CPU forward holds the products' weights: f32, or bf16 (half the bytes a "
-                 "step reads; fp32 accumulation)")
+  app.add_option("--cpu-weights", flags.cpu_weights, tandem::kCpuWeightsHelp)
       ->envname("TANDEM_VERIFIER_CPU_WEIGHTS")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

@@ -61,5 +61,9 @@ class DeviceCopyTimer {
 // and ParseWeightType.
 absl::StatusOr<DeviceOptions> ResolveDevice(std::string_view name, bool cuda_graphs = true,
                                             std::string_view cpu_weights = "f32");
+// The --cpu-weights flag's help, the same on every binary that has it.
+inline constexpr char kCpuWeightsHelp[] =
+    "How the CPU forward holds the products' weights: f32, or bf16 (half the bytes a step reads; "
+    "fp32 accumulation)";
 
 }  // namespace tandem
