@@ -8,6 +8,13 @@
 // With q_norm and k_norm set (Qwen3's per-head RMSNorm before the rotation), each head is first
 // RMS-normalised over head_dim and scaled by its weight, rounded to bf16 as a separate norm
 // kernel would store it, then rotated: one launch instead of two norms and a rotation.
+//
+// With k_cache set, the same launch also writes the KV cache, as the CPU engine's copy into
+// KvCache::KeyRow / ValueRow before attention: each token's rotated k heads and its v heads are
+// stored, bit for bit, at the token's pool row. Slots are pool rows (block * block_size +
+// offset, from the sequence's block table on the host); a negative slot skips the token (the
+// padding rows of a captured decode graph); a slot past the pool is clamped into it instead of
+// writing outside it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,9 +40,16 @@ struct RopeParams {
   const __nv_bfloat16* q_norm = nullptr;  // [head_dim] device, or null: no norm (with k_norm)
   const __nv_bfloat16* k_norm = nullptr;  // [head_dim] device; set together with q_norm
   float norm_eps = 0.0f;                  // the norms' epsilon, finite, >= 0
-  int tokens = 0;                         // 0 is a valid no-op
-  int head_dim = 0;                       // even, > 0
-  void* workspace = nullptr;              // unused (WorkspaceBytes is 0)
+  // The fused KV write (all null: none). Rows of k_heads * head_dim values.
+  const __nv_bfloat16* v = nullptr;  // [tokens, k_heads, head_dim], row stride v_stride
+  int v_stride = 0;
+  const int64_t* slots = nullptr;    // [tokens] device: pool row per token, < 0 = skip
+  __nv_bfloat16* k_cache = nullptr;  // [pool_rows, k_heads * head_dim] one layer's K pool
+  __nv_bfloat16* v_cache = nullptr;  // [pool_rows, k_heads * head_dim] one layer's V pool
+  int64_t pool_rows = 0;             // > 0 with k_cache
+  int tokens = 0;                    // 0 is a valid no-op
+  int head_dim = 0;                  // even, > 0
+  void* workspace = nullptr;         // unused (WorkspaceBytes is 0)
   size_t workspace_bytes = 0;
 
   // INVALID_ARGUMENT naming the bad field; host only. q and k may share one row (the fused qkv

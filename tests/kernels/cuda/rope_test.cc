@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -87,13 +88,49 @@ TEST_F(RopeCheckTest, RejectsBadFields) {
   ExpectInvalid(p, "norm_eps");
 }
 
+TEST_F(RopeCheckTest, TheFusedKvWriteNeedsAllItsFields) {
+  std::vector<Bf16> k_cache(4 * 2 * kDim), v_cache(4 * 2 * kDim);
+  std::vector<int64_t> slots(2);
+  auto with_cache = [&] {
+    RopeParams p = Valid();
+    p.v = row_.data() + 6 * kDim;
+    p.v_stride = kStride;
+    p.slots = slots.data();
+    p.k_cache = k_cache.data();
+    p.v_cache = v_cache.data();
+    p.pool_rows = 4;
+    return p;
+  };
+  RopeParams p = with_cache();
+  EXPECT_TRUE(p.Check().ok()) << p.Check();
+  p.v = nullptr;
+  ExpectInvalid(p, "v is null");
+  p = with_cache();
+  p.slots = nullptr;
+  ExpectInvalid(p, "slots is null");
+  p = with_cache();
+  p.v_cache = k_cache.data();
+  ExpectInvalid(p, "v_cache is k_cache");
+  p = with_cache();
+  p.pool_rows = 0;
+  ExpectInvalid(p, "pool_rows");
+  p = with_cache();
+  p.v_stride = kDim;
+  ExpectInvalid(p, "v_stride");
+  p = with_cache();
+  p.k_cache = nullptr;  // the rest set without it
+  ExpectInvalid(p, "set k_cache");
+}
+
 class RopeCudaTest : public testing::CudaTest {
  protected:
   // With `norm`, each q and k head is RMS-normalised with its own weight first (Qwen3).
+  // With `cache`, the launch also stores each token's rotated k and its v in a paged pool.
   void Run(int tokens, int q_heads, int k_heads, int head_dim, int max_position, float scaling,
-           bool norm = false) {
+           bool norm = false, bool cache = false) {
     SCOPED_TRACE(absl::StrCat("tokens ", tokens, " heads ", q_heads, "/", k_heads, " head_dim ",
-                              head_dim, " max_position ", max_position, norm ? " normed" : ""));
+                              head_dim, " max_position ", max_position, norm ? " normed" : "",
+                              cache ? " with the KV write" : ""));
     // A fused [tokens, q | k | v] row like the qkv projection's output; v must stay untouched.
     const int stride = (q_heads + 2 * k_heads) * head_dim;
     const size_t n = static_cast<size_t>(tokens) * stride;
@@ -165,10 +202,55 @@ class RopeCudaTest : public testing::CudaTest {
       p.k_norm = d_k_norm->get();
       p.norm_eps = kEps;
     }
+    // The pool: token 0's slot lies past it (clamped to the last row), token 1's is negative
+    // (skipped), the others count down from the row before the last.
+    const int row_elements = k_heads * head_dim;
+    const int64_t pool_rows = tokens + 3;
+    std::vector<int64_t> slots(tokens);
+    for (int t = 0; t < tokens; ++t) slots[t] = t == 0 ? pool_rows + 5 : pool_rows - 1 - t;
+    if (tokens > 1) slots[1] = -1;
+    const std::vector<Bf16> poison(static_cast<size_t>(pool_rows) * row_elements,
+                                   __float2bfloat16(std::nanf("")));
+    auto d_slots = testing::Upload(slots);
+    auto d_k_cache = testing::Upload(poison);
+    auto d_v_cache = testing::Upload(poison);
+    ASSERT_TRUE(d_slots.ok() && d_k_cache.ok() && d_v_cache.ok());
+    if (cache) {
+      p.v = d_x->get() + (q_heads + k_heads) * head_dim;
+      p.v_stride = stride;
+      p.slots = d_slots->get();
+      p.k_cache = d_k_cache->get();
+      p.v_cache = d_v_cache->get();
+      p.pool_rows = pool_rows;
+    }
     ASSERT_TRUE(Invoke(p, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     auto got = testing::Download(d_x->get(), n);
     ASSERT_TRUE(got.ok());
+    if (cache) {
+      // Bit for bit the rotated k and the untouched v of the row; skipped rows stay poisoned.
+      auto k_pool = testing::Download(d_k_cache->get(), poison.size());
+      auto v_pool = testing::Download(d_v_cache->get(), poison.size());
+      ASSERT_TRUE(k_pool.ok() && v_pool.ok());
+      std::vector<int> writer(pool_rows, -1);
+      for (int t = 0; t < tokens; ++t) {
+        if (slots[t] >= 0) writer[std::min<int64_t>(slots[t], pool_rows - 1)] = t;
+      }
+      auto bits = [](Bf16 v) { return __bfloat16_as_ushort(v); };
+      for (int64_t r = 0; r < pool_rows; ++r) {
+        for (int e = 0; e < row_elements; ++e) {
+          const size_t at = static_cast<size_t>(r) * row_elements + e;
+          const int t = writer[r];
+          const Bf16 k_want =
+              t < 0 ? poison[at] : (*got)[static_cast<size_t>(t) * stride + q_heads * head_dim + e];
+          const Bf16 v_want =
+              t < 0 ? poison[at]
+                    : x[static_cast<size_t>(t) * stride + (q_heads + k_heads) * head_dim + e];
+          ASSERT_EQ(bits((*k_pool)[at]), bits(k_want)) << "k pool row " << r << " value " << e;
+          ASSERT_EQ(bits((*v_pool)[at]), bits(v_want)) << "v pool row " << r << " value " << e;
+        }
+      }
+    }
     // An output is a*cos -/+ b*sin of the pair (a, b): it may cancel, so the bound scales with
     // the pair's magnitude. Both sides form the same fp32 angle (one multiply); cos/sin differ by
     // an ulp or two and the products may be fused, ~1e-7 of the magnitude; then the bf16
@@ -203,6 +285,15 @@ TEST_F(RopeCudaTest, NormedHeadsMatchCpuNormThenRotation) {
   Run(7, 32, 8, 128, 40960, 1.0f, true);  // Qwen3-8B's heads
   Run(3, 12, 4, 80, 100, 1.1f, true);     // head_dim not a multiple of 64
   Run(2, 4, 2, 256, 1000, 1.0f, true);    // two pairs per lane
+}
+
+TEST_F(RopeCudaTest, TheFusedKvWriteStoresTheRotatedKeysAndTheValues) {
+  for (bool norm : {false, true}) {
+    Run(1, 1, 1, 2, 10, 1.0f, norm, true);
+    Run(7, 32, 8, 128, 40960, 1.0f, norm, true);  // Qwen3-8B's heads
+    Run(3, 12, 4, 80, 100, 1.1f, norm, true);
+    Run(2, 4, 2, 256, 1000, 1.0f, norm, true);
+  }
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/gemm.cuh"
-#include "kernels/cuda/kv_write.cuh"
 #include "kernels/cuda/lora.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/swiglu.cuh"
@@ -438,6 +437,13 @@ absl::Status CudaTransformer::Enqueue(StepBuffers& b, const StepInputs& in, Cuda
         p.k_norm = L.k_norm.get();
         p.norm_eps = c.rms_norm_eps;
       }
+      // The new rows' K and V go to the paged cache in the same launch.
+      p.v = v + static_cast<size_t>(first) * kv_stride;
+      p.v_stride = kv_stride;
+      p.slots = b.slots.get() + first;
+      p.k_cache = kv.keys(layer);
+      p.v_cache = kv.values(layer);
+      p.pool_rows = kv.pool_rows();
       return kcu::Invoke(p, stream_);
     };
     if (!dynamic_rope_) {
@@ -452,20 +458,6 @@ absl::Status CudaTransformer::Enqueue(StepBuffers& b, const StepInputs& in, Cuda
         }
         freq_offset += in.inv_freq[e].size();
       }
-    }
-    {
-      kcu::KvWriteParams p;
-      p.k = k;
-      p.k_stride = kv_stride;
-      p.v = v;
-      p.v_stride = kv_stride;
-      p.slots = b.slots.get();
-      p.k_cache = kv.keys(layer);
-      p.v_cache = kv.values(layer);
-      p.pool_rows = kv.pool_rows();
-      p.tokens = t;
-      p.row_elements = kd;
-      TANDEM_RETURN_IF_ERROR(kcu::Invoke(p, stream_));
     }
     {
       kcu::PagedAttentionParams p = AttentionParams(b, in, kv, splits);

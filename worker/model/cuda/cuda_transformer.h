@@ -9,9 +9,9 @@
 //     extends (visibility, block tables, explicit masks), LoRA gates and output rows are
 //     uploaded, the layer loop runs on one stream with one workspace, and the fp32 logits of
 //     the requested outputs (and the hidden-state taps, as fp32) come back to the host.
-//     Per layer: q/k/v projections (three products when the model has q/k norms, so each lands
-//     contiguous for the norm), q/k RMSNorm, RoPE, the new K/V rows written to the paged pools
-//     (kv_write), paged attention, o projection, residual add fused with RMSNorm, gate/up,
+//     Per layer: the q/k/v projection (one product into fused rows), q/k RMSNorm (Qwen3), RoPE
+//     and the new K/V rows written to the paged pools (one launch), paged attention, o
+//     projection, residual add fused with RMSNorm, gate/up,
 //     SwiGLU, down, residual add fused with the next RMSNorm; gated LoRA deltas after each
 //     projection. The last layer's add is fused with the final norm; the output rows are
 //     gathered (the embedding gather over the normed rows) and projected to fp32 logits.
