@@ -5,6 +5,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemm_skinny.cuh"
 #include "kernels/cuda/gemv.cuh"
 
 namespace tandem::kernels::cuda {
@@ -106,6 +107,7 @@ absl::Status Invoke(const GemmParams& params, cudaStream_t stream) {
   if (absl::Status status = params.Check(); !status.ok()) return status;
   if (params.m == 0) return absl::OkStatus();
   if (internal::GemvApplies(params)) return internal::InvokeGemv(params, stream);
+  if (internal::SkinnyApplies(params)) return internal::InvokeSkinny(params, stream);
   TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(params.handle, stream));
   TANDEM_CUBLAS_RETURN_IF_ERROR(
       cublasSetWorkspace(params.handle, params.workspace, params.workspace_bytes));

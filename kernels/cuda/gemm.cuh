@@ -4,9 +4,10 @@
 // bf16 x and w, fp32 accumulation (CUBLAS_COMPUTE_32F), y in bf16 or fp32. Row-major with row
 // strides; cuBLAS sees the column-major transpose (y^T = w · x^T), so no copy is made.
 //
-// Products of at most 2 rows (batch-1 decode steps) with 16-byte-aligned inputs take a
-// bandwidth-bound kernel of our own instead (kernels/cuda/gemv.cuh); TANDEM_CUDA_GEMV=0 sends
-// them to cuBLAS too.
+// Products of at most 8 rows with 16-byte-aligned inputs take bandwidth-bound kernels of our
+// own instead: 1-2 rows (batch-1 decode steps) kernels/cuda/gemv.cuh, 3-8 rows (short verify
+// steps, small batches) the tensor-core kernel of kernels/cuda/gemm_skinny.cuh. TANDEM_CUDA_GEMV=0
+// sends 1-2 rows to the skinny kernel, TANDEM_CUDA_SKINNY=0 sends what it would take to cuBLAS.
 //
 // The cuBLAS handle is the caller's (one per stream/thread, as cuBLAS requires). Invoke binds
 // `stream` and the caller's workspace to the handle (cublasSetStream, cublasSetWorkspace), so

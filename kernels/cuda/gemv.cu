@@ -136,35 +136,6 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// Programmatic dependent launch (common.cuh) on devices that have it (compute capability 9.0+),
-// unless switched off with TANDEM_CUDA_PDL=0 (read once per process; for side-by-side timings).
-bool ProgrammaticLaunch() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("TANDEM_CUDA_PDL");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
-  if (!enabled) return false;
-  // Per device: 0 not yet asked, 1 without, 2 with.
-  static std::array<std::atomic<int>, 64> known{};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
-      device >= static_cast<int>(known.size())) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  int state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    state = major >= 9 ? 2 : 1;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  return state == 2;
-}
-
 // Warps per column: the fewest (1, 2, 4 or 8) that give the product kSplitWarps warps in all,
 // while every warp keeps at least one full round of loads per lane (k / 8 / S >= 32 * kUnroll).
 // TANDEM_CUDA_GEMV_SPLIT=0 keeps one warp per column (read once per process; for side-by-side
@@ -242,6 +213,34 @@ bool GemvEnabled() {
 }
 
 }  // namespace
+
+int ComputeCapabilityMajor() {
+  // Per device: 0 not yet asked, else the major version.
+  static std::array<std::atomic<int>, 64> known{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= static_cast<int>(known.size())) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  int major = known[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    known[device].store(major, std::memory_order_relaxed);
+  }
+  return major;
+}
+
+bool ProgrammaticLaunch() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("TANDEM_CUDA_PDL");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled && ComputeCapabilityMajor() >= 9;
+}
 
 bool GemvApplies(const GemmParams& params) {
   return params.m >= 1 && params.m <= kGemvMaxRows && params.k % kVector == 0 &&

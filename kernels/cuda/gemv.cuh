@@ -28,11 +28,20 @@ inline constexpr int kGemvMaxRows = 2;
 
 // Whether `params` (already checked) take the small-m path: m in [1, kGemvMaxRows], k and both
 // input row strides multiples of 8 and x and w 16-byte aligned (16-byte loads), and the path
-// not switched off (TANDEM_CUDA_GEMV=0, read once per process; for comparing against cuBLAS).
+// not switched off (TANDEM_CUDA_GEMV=0, read once per process; for comparisons).
 // On sm_90+ the kernel is a programmatic dependent launch (README.md): its first weight loads
 // overlap the kernel before it (TANDEM_CUDA_PDL=0 switches that off).
 bool GemvApplies(const GemmParams& params);
 
 absl::Status InvokeGemv(const GemmParams& params, cudaStream_t stream);
+
+// Whether the bandwidth-bound products (this kernel and gemm_skinny.cuh's) are launched as
+// programmatic dependents (common.cuh): on devices of compute capability 9.0+, unless switched
+// off with TANDEM_CUDA_PDL=0 (read once per process; for side-by-side timings).
+bool ProgrammaticLaunch();
+
+// The current device's compute capability major version (cached per device), 0 when it cannot
+// be read.
+int ComputeCapabilityMajor();
 
 }  // namespace tandem::kernels::cuda::internal

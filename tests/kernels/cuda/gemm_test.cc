@@ -1,14 +1,16 @@
-// kernels/cuda cuBLAS matrix product against kernels/cpu Linear on random bf16 operands, bf16
-// and fp32 outputs, strided rows, bias and accumulation. Parameter checks run everywhere; the
-// comparisons skip without a CUDA device.
+// kernels/cuda matrix product (gemv.cuh, gemm_skinny.cuh, cuBLAS) against kernels/cpu Linear on
+// random bf16 operands, bf16 and fp32 outputs, strided rows, bias and accumulation. Parameter
+// checks run everywhere; the comparisons skip without a CUDA device.
 #include "kernels/cuda/gemm.cuh"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cuda/gemm_skinny.cuh"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace tandem::kernels::cuda {
@@ -224,16 +226,78 @@ TEST_F(GemmCudaTest, Bf16OutputMatchesCpu) {
 }
 
 // Up to kGemvMaxRows (2) rows with k and the strides multiples of 8 take the small-m kernel
-// (gemv.cuh), more rows cuBLAS: row counts on both sides of the switch, bias, accumulation,
-// strides, a weight row count that leaves the last CTA partial, and a k that leaves a tail
-// after the unrolled rounds.
+// (gemv.cuh), 3-8 rows the skinny tensor-core kernel (gemm_skinny.cuh), more rows or unaligned
+// shapes cuBLAS: row counts on both sides of each switch, bias, accumulation, strides, a weight
+// row count that leaves the last CTA partial, and a k that leaves a tail after the unrolled
+// rounds (1032 = 32 steps of 32 and 8).
 TEST_F(GemmCudaTest, SmallRowCountsMatchCpu) {
-  for (int m = 1; m <= 8; ++m) {
+  for (int m = 1; m <= 17; ++m) {
     Run(m, 203, 1032, GemmOutput::kBf16, m % 2 == 0, m % 3 == 0, m % 2 == 0 ? 8 : 0);
     Run(m, 67, 4096 + 8, GemmOutput::kFloat32, m % 2 == 1, m % 4 == 0, m % 3 == 0 ? 16 : 0);
   }
   Run(8, 1000, 8, GemmOutput::kBf16, true, false, 0);  // one vector per row
   Run(9, 64, 256, GemmOutput::kBf16, false, false, 0);
+  Run(12, 50, 70, GemmOutput::kBf16, true, true, 2);  // k not a multiple of 8: cuBLAS
+}
+
+// The skinny kernel's CTA shapes: 1, 2 and 4 groups of 16 weight rows per CTA (by n), the last
+// CTA partial, and a long k split over 8, 4 and 2 warps.
+TEST_F(GemmCudaTest, SkinnyProductsMatchCpu) {
+  for (int m : {3, 5, 8}) {
+    Run(m, 4096 + 16, 512, GemmOutput::kBf16, m == 5, false, 0);      // 1 group
+    Run(m, 8192 + 40, 256 + 8, GemmOutput::kBf16, false, m == 8, 8);  // 2 groups
+    Run(m, 16384 + 24, 136, GemmOutput::kFloat32, m == 3, false, 0);  // 4 groups
+    Run(m, 48, 12288, GemmOutput::kBf16, false, m == 8, 0);           // long k
+  }
+}
+
+// A row's product does not depend on how many rows the skinny kernel multiplies with it: the
+// first rows of an 8-row product equal, bit for bit, the products of 3 to 7 rows.
+TEST_F(GemmCudaTest, SkinnyRowsAreBatchInvariant) {
+  const int n = 8192 + 16, k = 2048 + 8;
+  constexpr int kRows = internal::kSkinnyMaxRows;
+  const std::vector<Bf16> x = testing::RandomBf16(rng_, static_cast<size_t>(kRows) * k, 0, 1);
+  const std::vector<Bf16> w = testing::RandomBf16(rng_, static_cast<size_t>(n) * k, 0, 0.1f);
+  auto d_x = testing::Upload(x);
+  auto d_w = testing::Upload(w);
+  auto d_y = testing::Allocate(static_cast<size_t>(kRows) * n * sizeof(float));
+  auto d_workspace = testing::Allocate(WorkspaceBytes(GemmParams{}));
+  ASSERT_TRUE(d_x.ok() && d_w.ok() && d_y.ok() && d_workspace.ok());
+  auto product = [&](int m) -> std::vector<float> {
+    GemmParams p;
+    p.handle = handle_;
+    p.x = d_x->get();
+    p.w = d_w->get();
+    p.y = d_y->get();
+    p.y_type = GemmOutput::kFloat32;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.ldx = k;
+    p.ldw = k;
+    p.ldy = n;
+    p.workspace = d_workspace->get();
+    p.workspace_bytes = WorkspaceBytes(p);
+    EXPECT_EQ(cudaMemset(d_y->get(), 0xff, static_cast<size_t>(kRows) * n * sizeof(float)),
+              cudaSuccess);  // NaN
+    EXPECT_TRUE(Invoke(p, nullptr).ok());
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto got =
+        testing::Download(reinterpret_cast<const float*>(d_y->get()), static_cast<size_t>(m) * n);
+    EXPECT_TRUE(got.ok());
+    return got.ok() ? *got : std::vector<float>();
+  };
+  const std::vector<float> full = product(kRows);
+  ASSERT_EQ(full.size(), static_cast<size_t>(kRows) * n);
+  for (int m = 3; m < kRows; ++m) {
+    SCOPED_TRACE(absl::StrCat("m ", m));
+    const std::vector<float> part = product(m);
+    ASSERT_EQ(part.size(), static_cast<size_t>(m) * n);
+    for (size_t i = 0; i < part.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&part[i], &full[i], sizeof(float)), 0)
+          << "output " << i << ": " << part[i] << " against " << full[i];
+    }
+  }
 }
 
 // Short products split k over 2, 4 or 8 warps per column (gemv.cu SplitFor), slices of unequal
