@@ -21,12 +21,17 @@ constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
 constexpr int kTile = 64;
 constexpr int kMaxSplits = 64;
 constexpr int kHeuristicMaxSplits = 16;
-// The split heuristic aims for two waves of CTAs on an H100 (132 SMs). A constant keeps
-// AttentionSplits (and WorkspaceBytes) pure host functions; on a smaller GPU it only means
-// somewhat more splits than needed.
-constexpr int kTargetCtas = 2 * 132;
-// Below this many slots a sequence is not worth splitting; each split gets at least this many.
-constexpr int kMinSplitSlots = 512;
+// The split heuristic aims for eight CTAs per multiprocessor of an H100 (132 SMs): a CTA is
+// 128 threads that wait on one round of K/V loads after another, so a step's attention takes
+// as long as its longest chain of rounds, and many short chains beat a few long ones. Measured
+// on an H200 (docs/PERF.md, GPU): a batch-1 decode step at context 512 took 28 us per layer in
+// one chain of 16 rounds per head (32 CTAs). A constant keeps AttentionSplits (and
+// WorkspaceBytes) pure host functions; on a smaller GPU it only means somewhat more splits than
+// needed.
+constexpr int kTargetCtas = 8 * 132;
+// Below this many slots a sequence is not worth splitting; each split gets at least this many
+// (two rounds of the vector kernel's loads for head_dim 128).
+constexpr int kMinSplitSlots = 64;
 
 // The extend that owns batch row `t`: the last one whose token_offset <= t.
 __device__ int FindExtend(const AttentionExtend* extends, int count, int t) {
@@ -433,8 +438,12 @@ int AttentionSplits(const PagedAttentionParams& params) {
   if (ctas <= 0 || ctas >= kTargetCtas || params.max_kv_len < 2 * kMinSplitSlots) return 1;
   const int64_t by_occupancy = (kTargetCtas + ctas - 1) / ctas;
   const int64_t by_length = params.max_kv_len / kMinSplitSlots;
-  return static_cast<int>(
-      std::max<int64_t>(1, std::min({by_occupancy, by_length, int64_t{kHeuristicMaxSplits}})));
+  const int64_t most = std::min({by_occupancy, by_length, int64_t{kHeuristicMaxSplits}});
+  // A power of two: a decoding sequence keeps its split count (and its captured graph) over
+  // long stretches of context instead of changing it every kMinSplitSlots tokens.
+  int splits = 1;
+  while (splits * 2 <= most) splits *= 2;
+  return splits;
 }
 
 size_t WorkspaceBytes(const PagedAttentionParams& params) {

@@ -87,7 +87,8 @@ struct PagedAttentionParams {
 };
 
 // KV splits Invoke will use: 1 unless the launch has too few (token, head) CTAs to fill the GPU
-// and the longest sequence is long enough to split (then up to 16, chunks of >= 512 slots).
+// and the longest sequence is long enough to split (then a power of two up to 16, chunks of
+// >= 64 slots).
 int AttentionSplits(const PagedAttentionParams& params);
 
 // Split-KV partials: splits * total_tokens * q_heads * (head_dim + 2) floats; 0 with one split.

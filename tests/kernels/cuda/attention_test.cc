@@ -105,8 +105,11 @@ TEST_F(AttentionCheckTest, SplitHeuristicAndWorkspace) {
   p.total_tokens = 512;
   EXPECT_EQ(AttentionSplits(p), 1);
   p.total_tokens = 1;
-  p.max_kv_len = 600;
+  p.max_kv_len = 100;
   EXPECT_EQ(AttentionSplits(p), 1);
+  // A batch-1 decode step at context 512 (4 heads): chunks of 64 slots.
+  p.max_kv_len = 512;
+  EXPECT_EQ(AttentionSplits(p), 8);
   // Forced.
   p.num_splits = 5;
   EXPECT_EQ(AttentionSplits(p), 5);
