@@ -32,6 +32,19 @@ constexpr int kTargetCtas = 8 * 132;
 // Below this many slots a sequence is not worth splitting; each split gets at least this many
 // (two rounds of the vector kernel's loads for head_dim 128).
 constexpr int kMinSplitSlots = 64;
+// The heuristic before: two waves of CTAs, chunks of at least 512 slots, any count up to 16.
+// TANDEM_CUDA_ATTENTION_SHORT_SPLITS=0 brings it back (read once per process; for side-by-side
+// timings).
+constexpr int kLongTargetCtas = 2 * 132;
+constexpr int kLongMinSplitSlots = 512;
+
+bool ShortSplits() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("TANDEM_CUDA_ATTENTION_SHORT_SPLITS");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
 
 // The extend that owns batch row `t`: the last one whose token_offset <= t.
 __device__ int FindExtend(const AttentionExtend* extends, int count, int t) {
@@ -434,11 +447,15 @@ absl::Status PagedAttentionParams::Check() const {
 
 int AttentionSplits(const PagedAttentionParams& params) {
   if (params.num_splits > 0) return std::min(params.num_splits, kMaxSplits);
+  const bool short_splits = ShortSplits();
+  const int64_t target = short_splits ? kTargetCtas : kLongTargetCtas;
+  const int64_t min_slots = short_splits ? kMinSplitSlots : kLongMinSplitSlots;
   const int64_t ctas = static_cast<int64_t>(params.total_tokens) * params.q_heads;
-  if (ctas <= 0 || ctas >= kTargetCtas || params.max_kv_len < 2 * kMinSplitSlots) return 1;
-  const int64_t by_occupancy = (kTargetCtas + ctas - 1) / ctas;
-  const int64_t by_length = params.max_kv_len / kMinSplitSlots;
+  if (ctas <= 0 || ctas >= target || params.max_kv_len < 2 * min_slots) return 1;
+  const int64_t by_occupancy = (target + ctas - 1) / ctas;
+  const int64_t by_length = params.max_kv_len / min_slots;
   const int64_t most = std::min({by_occupancy, by_length, int64_t{kHeuristicMaxSplits}});
+  if (!short_splits) return static_cast<int>(std::max<int64_t>(1, most));
   // A power of two: a decoding sequence keeps its split count (and its captured graph) over
   // long stretches of context instead of changing it every kMinSplitSlots tokens.
   int splits = 1;
