@@ -33,9 +33,10 @@ std::string ModelId(const std::string& dir) {
 
 int Run(const std::string& model_dir, const std::string& target_dir,
         tandem::DraftEngineOptions engine_options, int threads, const std::string& device_name,
-        bool cuda_graphs, tandem::HiddenTransportMode hidden_transport_mode,
-        const tandem::ServerFlags& server_flags, const tandem::MetricsFlags& metrics_flags,
-        const tandem::RegistryFlags& registry_flags, const std::string& cluster_token_file) {
+        bool cuda_graphs, const std::string& cpu_weights,
+        tandem::HiddenTransportMode hidden_transport_mode, const tandem::ServerFlags& server_flags,
+        const tandem::MetricsFlags& metrics_flags, const tandem::RegistryFlags& registry_flags,
+        const std::string& cluster_token_file) {
   absl::StatusOr<std::string> cluster_token = tandem::ReadClusterToken(cluster_token_file);
   if (!cluster_token.ok()) {
     std::fprintf(stderr, "tandem-drafter: --cluster-token-file: %s\n",
@@ -52,7 +53,8 @@ int Run(const std::string& model_dir, const std::string& target_dir,
                  model_dir.c_str());
     return 1;
   }
-  absl::StatusOr<tandem::DeviceOptions> device = tandem::ResolveDevice(device_name, cuda_graphs);
+  absl::StatusOr<tandem::DeviceOptions> device =
+      tandem::ResolveDevice(device_name, cuda_graphs, cpu_weights);
   if (!device.ok()) {
     std::fprintf(stderr, "tandem-drafter: --device: %s\n",
                  std::string(device.status().message()).c_str());
@@ -66,14 +68,15 @@ int Run(const std::string& model_dir, const std::string& target_dir,
   }
   const std::string& weights_dir = dflash ? target_dir : model_dir;
   absl::StatusOr<std::unique_ptr<tandem::Transformer>> model =
-      tandem::Transformer::Load(weights_dir);
+      tandem::Transformer::Load(weights_dir, device->cpu_weights);
   if (!model.ok()) {
     std::fprintf(stderr, "tandem-drafter: cannot load the model in '%s': %s\n", weights_dir.c_str(),
                  model.status().ToString().c_str());
     return 1;
   }
   // A DFlash drafter runs none of the target's layers: the target stays on the CPU and the
-  // drafter uploads its embeddings and head itself (DFlashModel::UseDevice below).
+  // drafter uploads its embeddings and head itself (DFlashModel::UseDevice below). On the CPU
+  // the drafter's products take the target's weight type (--cpu-weights).
   if (absl::Status moved = (*model)->UseDevice(dflash ? tandem::DeviceOptions{} : *device);
       !moved.ok()) {
     std::fprintf(stderr, "tandem-drafter: --device: %s\n", moved.ToString().c_str());
@@ -286,6 +289,11 @@ int main(int argc, char** argv) {
                  "With --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
       ->envname("TANDEM_DRAFTER_CUDA_GRAPHS")
       ->capture_default_str();
+  std::string cpu_weights = "f32";
+  app.add_option("--cpu-weights", cpu_weights, tandem::kCpuWeightsHelp)
+      ->envname("TANDEM_DRAFTER_CPU_WEIGHTS")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   tandem::HiddenTransportMode hidden_transport = tandem::HiddenTransportMode::kAuto;
   tandem::AddHiddenTransportFlag(app, &hidden_transport, "TANDEM_DRAFTER");
   tandem::AddServerFlags(app, &server_flags, "TANDEM_DRAFTER");
@@ -296,6 +304,6 @@ int main(int argc, char** argv) {
   std::string cluster_token_file;
   tandem::AddClusterTokenFlag(app, &cluster_token_file);
   CLI11_PARSE(app, argc, argv);
-  return Run(model_dir, target_dir, engine_options, threads, device, cuda_graphs, hidden_transport,
-             server_flags, metrics_flags, registry_flags, cluster_token_file);
+  return Run(model_dir, target_dir, engine_options, threads, device, cuda_graphs, cpu_weights,
+             hidden_transport, server_flags, metrics_flags, registry_flags, cluster_token_file);
 }

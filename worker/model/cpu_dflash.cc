@@ -6,7 +6,6 @@
 
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/packed_gemm.h"
 #include "kernels/cpu/rope.h"
@@ -53,7 +52,7 @@ absl::Status CpuDFlash::AppendHost(DFlashContextStorage& storage, int length,
     }
   }
   std::vector<float> ctx_rows(static_cast<size_t>(n) * h);  // c_t: [n, h]
-  kc::Linear(fused.data(), weights.fc.data(), nullptr, ctx_rows.data(), n, h, k * h);
+  kc::PackedLinear(fused.data(), weights.packed_fc, nullptr, ctx_rows.data(), n);
   kc::RmsNorm(ctx_rows.data(), weights.hidden_norm.data(), ctx_rows.data(), n, h, c.rms_norm_eps);
 
   const int kv_row = hkv * d, kv_width = 2 * kv_row;
@@ -63,8 +62,14 @@ absl::Status CpuDFlash::AppendHost(DFlashContextStorage& storage, int length,
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights.layers[layer];
     // The k and v rows of the fused qkv weight.
-    kc::Linear(ctx_rows.data(), w.qkv.data() + static_cast<size_t>(hq) * d * h, nullptr, kv.data(),
-               n, kv_width, h);
+    kc::PackedProduct product;
+    product.x = ctx_rows.data();
+    product.m = n;
+    product.w = &weights.packed_layers[layer].qkv;
+    product.row_begin = hq * d;
+    product.row_end = hq * d + kv_width;
+    product.y = kv.data();
+    kc::InvokePacked(product);
     for (int t = 0; t < n; ++t) {
       float* row = &kv[static_cast<size_t>(t) * kv_width];
       kc::RmsNorm(row, w.k_norm.data(), row, hkv, d, c.rms_norm_eps);
@@ -128,8 +133,9 @@ absl::StatusOr<std::vector<float>> CpuDFlash::BlockLogits(const DFlashContextSto
   std::vector<float> workspace;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights.layers[layer];
+    const PackedLayer& pw = weights.packed_layers[layer];
     kc::RmsNorm(x.data(), w.input_norm.data(), hbuf.data(), b, h, c.rms_norm_eps);
-    kc::Linear(hbuf.data(), w.qkv.data(), nullptr, qkv.data(), b, qkv_width, h);
+    kc::PackedLinear(hbuf.data(), pw.qkv, nullptr, qkv.data(), b);
     for (int j = 0; j < b; ++j) {
       float* row = &qkv[static_cast<size_t>(j) * qkv_width];
       kc::RmsNorm(row, w.q_norm.data(), row, hq, d, c.rms_norm_eps);
@@ -176,11 +182,11 @@ absl::StatusOr<std::vector<float>> CpuDFlash::BlockLogits(const DFlashContextSto
     ap.out_stride = hq * d;
     workspace.resize(kc::AttentionWorkspaceFloats(ap));
     kc::AttentionInvoke(ap, workspace.data());
-    kc::Linear(attn.data(), w.o.data(), nullptr, proj.data(), b, h, hq * d);
+    kc::PackedLinear(attn.data(), pw.o, nullptr, proj.data(), b);
     kc::AddRmsNorm(x.data(), proj.data(), w.post_norm.data(), hbuf.data(), b, h, c.rms_norm_eps);
-    kc::Linear(hbuf.data(), w.gate_up.data(), nullptr, gate_up.data(), b, 2 * inter, h);
+    kc::PackedLinear(hbuf.data(), pw.gate_up, nullptr, gate_up.data(), b);
     kc::SiluMulFused(gate_up.data(), act.data(), b, inter);
-    kc::Linear(act.data(), w.down.data(), nullptr, proj.data(), b, h, inter);
+    kc::PackedLinear(act.data(), pw.down, nullptr, proj.data(), b);
     for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
   }
   kc::RmsNorm(x.data(), weights.final_norm.data(), hbuf.data(), b, h, c.rms_norm_eps);

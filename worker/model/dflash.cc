@@ -111,6 +111,30 @@ DFlashWeights RandomDFlashWeights(const DFlashConfig& config, uint64_t seed, flo
   return w;
 }
 
+void DFlashWeights::PackForCpu(kernels::cpu::WeightType type) {
+  if (packed()) return;
+  const int hidden = static_cast<int>(final_norm.size());
+  packed_fc = PackRows(fc, hidden > 0 ? static_cast<int>(fc.size() / hidden) : 0, type);
+  packed_layers.clear();
+  for (LayerWeights& l : layers) packed_layers.push_back(PackLayer(l, hidden, type));
+}
+
+std::vector<float> DFlashWeights::FcRowMajor() const { return RowMajorOf(fc, packed_fc); }
+
+LayerWeights DFlashWeights::RowMajorLayer(int i) const {
+  return RowMajorLayerOf(
+      layers[i], static_cast<size_t>(i) < packed_layers.size() ? &packed_layers[i] : nullptr);
+}
+
+DFlashWeights DFlashWeights::Unpacked() const {
+  DFlashWeights w;
+  w.fc = FcRowMajor();
+  w.hidden_norm = hidden_norm;
+  w.final_norm = final_norm;
+  for (size_t i = 0; i < layers.size(); ++i) w.layers.push_back(RowMajorLayer(static_cast<int>(i)));
+  return w;
+}
+
 DFlashModel::DFlashModel(DFlashConfig config, DFlashWeights weights, const Transformer* target)
     : config_(std::move(config)),
       weights_(std::move(weights)),
@@ -201,6 +225,8 @@ absl::StatusOr<std::unique_ptr<DFlashModel>> DFlashModel::Create(DFlashConfig co
                                                                  DFlashWeights weights,
                                                                  const Transformer* target) {
   if (target == nullptr) return absl::InvalidArgumentError("DFlash drafter needs a target model");
+  // Packed weights (another model's) are checked and packed again from their row-major values.
+  if (weights.packed()) weights = weights.Unpacked();
   const ModelConfig& c = config.model;
   const ModelConfig& t = target->config();
   auto bad = [](auto&&... parts) {
@@ -260,6 +286,8 @@ absl::StatusOr<std::unique_ptr<DFlashModel>> DFlashModel::Create(DFlashConfig co
       return bad(p, " has biases; DFlash layers have none");
     }
   }
+  // The drafter's products run on the CPU kernels in the target's weight type.
+  weights.PackForCpu(target->weights().packed_head.type());
   return std::unique_ptr<DFlashModel>(
       new DFlashModel(std::move(config), std::move(weights), target));
 }

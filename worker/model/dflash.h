@@ -50,11 +50,24 @@ struct DFlashConfig {
 
 // Drafter weights; embed_tokens and lm_head are the target's.
 struct DFlashWeights {
-  std::vector<float> fc;           // [H, k * H], k = target_layer_ids.size()
+  std::vector<float> fc;           // [H, k * H], k = target_layer_ids.size(); empty when packed
   std::vector<float> hidden_norm;  // [H]
   std::vector<float> final_norm;   // [H]
   // Qwen3 layers in the target model's layout (q/k/v and gate/up fused; no biases).
   std::vector<LayerWeights> layers;
+
+  // Filled by PackForCpu (DFlashModel::Create runs it with its target's weight type): fc and
+  // each layer's products packed for the CPU kernels (kernels/cpu/packed_gemm.h), their
+  // row-major vectors released, as ModelWeights::PackForCpu does for the target.
+  kernels::cpu::PackedMatrix packed_fc;
+  std::vector<PackedLayer> packed_layers;
+
+  bool packed() const { return !packed_fc.empty(); }
+  void PackForCpu(kernels::cpu::WeightType type);
+  // Row-major copies, in either state (for a device upload, or to check shapes).
+  std::vector<float> FcRowMajor() const;
+  LayerWeights RowMajorLayer(int i) const;
+  DFlashWeights Unpacked() const;
 };
 
 // Per-session context K/V: one row per committed token, position = row index. The rows live in

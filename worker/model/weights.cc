@@ -54,9 +54,6 @@ size_t ModelWeights::ParameterCount() const {
   return total;
 }
 
-namespace {
-
-// `v` ([rows, cols] row-major, cols = v.size() / rows) packed, and released.
 kernels::cpu::PackedMatrix PackRows(std::vector<float>& v, int cols,
                                     kernels::cpu::WeightType type) {
   if (v.empty() || cols <= 0) return {};
@@ -66,26 +63,36 @@ kernels::cpu::PackedMatrix PackRows(std::vector<float>& v, int cols,
   return m;
 }
 
-// The row-major values of `m`, or `v` when m is empty (not packed).
 std::vector<float> RowMajorOf(const std::vector<float>& v, const kernels::cpu::PackedMatrix& m) {
   return m.empty() ? v : m.RowMajor();
 }
 
-}  // namespace
+PackedLayer PackLayer(LayerWeights& l, int hidden, kernels::cpu::WeightType type) {
+  PackedLayer p;
+  p.qkv = PackRows(l.qkv, hidden, type);
+  // o: [hidden, q_out]; down: [hidden, intermediate].
+  p.o = PackRows(l.o, hidden > 0 ? static_cast<int>(l.o.size() / hidden) : 0, type);
+  p.gate_up = PackRows(l.gate_up, hidden, type);
+  p.down = PackRows(l.down, hidden > 0 ? static_cast<int>(l.down.size() / hidden) : 0, type);
+  return p;
+}
+
+LayerWeights RowMajorLayerOf(const LayerWeights& layer, const PackedLayer* packed) {
+  LayerWeights l = layer;
+  if (packed != nullptr) {
+    l.qkv = RowMajorOf(l.qkv, packed->qkv);
+    l.o = RowMajorOf(l.o, packed->o);
+    l.gate_up = RowMajorOf(l.gate_up, packed->gate_up);
+    l.down = RowMajorOf(l.down, packed->down);
+  }
+  return l;
+}
 
 void ModelWeights::PackForCpu(kernels::cpu::WeightType type) {
   if (packed()) return;
   const int hidden = static_cast<int>(final_norm.size());
-  packed_layers.resize(layers.size());
-  for (size_t i = 0; i < layers.size(); ++i) {
-    LayerWeights& l = layers[i];
-    PackedLayer& p = packed_layers[i];
-    p.qkv = PackRows(l.qkv, hidden, type);
-    // o: [hidden, q_out]; down: [hidden, intermediate].
-    p.o = PackRows(l.o, hidden > 0 ? static_cast<int>(l.o.size() / hidden) : 0, type);
-    p.gate_up = PackRows(l.gate_up, hidden, type);
-    p.down = PackRows(l.down, hidden > 0 ? static_cast<int>(l.down.size() / hidden) : 0, type);
-  }
+  packed_layers.clear();
+  for (LayerWeights& l : layers) packed_layers.push_back(PackLayer(l, hidden, type));
   head_tied = lm_head.empty();
   packed_head = PackRows(head_tied ? embed : lm_head, hidden, type);
 }
@@ -119,15 +126,8 @@ std::vector<float> ModelWeights::HeadRowMajor() const {
 }
 
 LayerWeights ModelWeights::RowMajorLayer(int i) const {
-  LayerWeights l = layers[i];
-  if (static_cast<size_t>(i) < packed_layers.size()) {
-    const PackedLayer& p = packed_layers[i];
-    l.qkv = RowMajorOf(l.qkv, p.qkv);
-    l.o = RowMajorOf(l.o, p.o);
-    l.gate_up = RowMajorOf(l.gate_up, p.gate_up);
-    l.down = RowMajorOf(l.down, p.down);
-  }
-  return l;
+  return RowMajorLayerOf(
+      layers[i], static_cast<size_t>(i) < packed_layers.size() ? &packed_layers[i] : nullptr);
 }
 
 absl::StatusOr<ModelWeights> LoadWeights(const std::string& dir, const ModelConfig& c) {

@@ -34,6 +34,16 @@ struct PackedLayer {
   kernels::cpu::PackedMatrix qkv, o, gate_up, down;
 };
 
+// `v` ([rows, cols] row-major) packed as `type`, and released (empty); empty stays empty.
+kernels::cpu::PackedMatrix PackRows(std::vector<float>& v, int cols, kernels::cpu::WeightType type);
+// The row-major values of `m`, or `v` when m is empty (not packed).
+std::vector<float> RowMajorOf(const std::vector<float>& v, const kernels::cpu::PackedMatrix& m);
+// `layer`'s qkv, o, gate_up and down packed (hidden: the model's hidden size), their vectors
+// released.
+PackedLayer PackLayer(LayerWeights& layer, int hidden, kernels::cpu::WeightType type);
+// `layer` with its matrices row-major (a copy): from `packed` when it holds them.
+LayerWeights RowMajorLayerOf(const LayerWeights& layer, const PackedLayer* packed);
+
 struct ModelWeights {
   std::vector<float> embed;  // [vocab, hidden]; empty when packed as the tied head
   std::vector<LayerWeights> layers;

@@ -281,6 +281,47 @@ TEST_F(DFlashTest, IncrementalContextEqualsAllAtOnce) {
 }
 
 // Host-side bookkeeping of a context: length, truncation bounds, the rows ReadContext returns.
+// The drafter's matrices are packed once, in its target's weight type; their row-major values
+// come back exactly, and a model made from another's (packed) weights drafts the same bits.
+TEST_F(DFlashTest, WeightsArePackedInTheTargetsTypeAndReadBackExactly) {
+  auto model = Load(testing::DFlashConfigJson(spec_), tensors_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const DFlashWeights& w = (*model)->weights();
+  ASSERT_TRUE(w.packed());
+  EXPECT_TRUE(w.fc.empty());
+  EXPECT_TRUE(w.layers[0].qkv.empty());
+  EXPECT_EQ(w.packed_fc.type(), kernels::cpu::WeightType::kF32);
+  EXPECT_EQ(w.FcRowMajor(), tensors_.at("fc.weight").values);
+  EXPECT_EQ(w.RowMajorLayer(0).o, tensors_.at("layers.0.self_attn.o_proj.weight").values);
+  EXPECT_EQ(w.RowMajorLayer(0).down, tensors_.at("layers.0.mlp.down_proj.weight").values);
+
+  auto copy = DFlashModel::Create((*model)->config(), w, target_.get());
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  std::mt19937 rng(3);
+  const auto rows = RandomRows(7, rng);
+  DFlashContext a, b;
+  ASSERT_TRUE((*model)->AppendContext(a, Flat(rows, 0, 7), 7).ok());
+  ASSERT_TRUE((*copy)->AppendContext(b, Flat(rows, 0, 7), 7).ok());
+  const std::vector<int32_t> clean = {3, 1};
+  auto want = (*model)->BlockLogits(a, clean);
+  auto got = (*copy)->BlockLogits(b, clean);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(*got, *want);
+
+  // A bf16 target: the drafter's products hold bf16 too.
+  const ModelConfig tc = TargetConfig();
+  std::unique_ptr<Transformer> bf16_target =
+      Transformer::FromWeights(tc, RandomWeights(tc, 5, 0.3f), kernels::cpu::WeightType::kBf16);
+  auto bf16 = DFlashModel::Create((*model)->config(), w, bf16_target.get());
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ((*bf16)->weights().packed_fc.type(), kernels::cpu::WeightType::kBf16);
+  DFlashContext c;
+  ASSERT_TRUE((*bf16)->AppendContext(c, Flat(rows, 0, 7), 7).ok());
+  auto logits = (*bf16)->BlockLogits(c, clean);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits->size(), want->size());
+}
+
 TEST_F(DFlashTest, ContextBookkeeping) {
   auto model = Load(testing::DFlashConfigJson(spec_), tensors_);
   ASSERT_TRUE(model.ok()) << model.status();

@@ -79,12 +79,13 @@ absl::Status CudaDFlash::Init() {
       head_ptr_ = head_.get();
     }
   }
-  TANDEM_RETURN_IF_ERROR(UploadBf16(fc_, w.fc));
+  // The drafter's host matrices are packed for the CPU: row-major again for the upload.
+  TANDEM_RETURN_IF_ERROR(UploadBf16(fc_, w.FcRowMajor()));
   TANDEM_RETURN_IF_ERROR(UploadBf16(hidden_norm_, w.hidden_norm));
   TANDEM_RETURN_IF_ERROR(UploadBf16(final_norm_, w.final_norm));
   layers_.resize(w.layers.size());
   for (size_t l = 0; l < w.layers.size(); ++l) {
-    const LayerWeights& h = w.layers[l];
+    const LayerWeights h = w.RowMajorLayer(static_cast<int>(l));
     DeviceLayer& d = layers_[l];
     const std::pair<DeviceArray<Bf16>*, const std::vector<float>*> parts[] = {
         {&d.input_norm, &h.input_norm}, {&d.qkv, &h.qkv},  {&d.q_norm, &h.q_norm},
