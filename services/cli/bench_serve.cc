@@ -312,6 +312,7 @@ int RunBenchServe(const BenchServeArgs& args) {
                                         .metrics = false,
                                         .threads = args.threads,
                                         .device = args.device,
+                                        .cpu_weights = args.cpu_weights,
                                         .forward_output = false});
     if (!started.ok()) return fail(started.status());
     cluster = std::move(*started);

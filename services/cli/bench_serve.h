@@ -27,6 +27,7 @@ struct BenchServeArgs {
   std::string drafter_dir;  // the launched cluster's drafter; "" = the launcher's default
   int threads = 0;          // the launched verifier's and drafter's --threads; 0 = theirs
   std::string device;       // the launched verifier's and drafter's --device; "" = theirs (cpu)
+  std::string cpu_weights;  // the launched verifier's and drafter's --cpu-weights; "" = theirs
   std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64};
   std::vector<std::string> modes;  // "" = ar + the lossless modes served + auto
   int requests_per_level = 0;      // per window; 0 = max(16, 4 x concurrency)

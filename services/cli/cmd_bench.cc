@@ -1,5 +1,6 @@
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/cli/bench_chaos.h"
 #include "services/cli/bench_cluster.h"
@@ -254,6 +255,11 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                    "Where the local verifier's and drafter's models run: cpu or cuda (both "
                    "share the GPU); default: cpu")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  serve_cmd
+      ->add_option("--cpu-weights", serve->cpu_weights,
+                   absl::StrCat("The local verifier's and drafter's --cpu-weights. ",
+                                kCpuWeightsHelp, "; default: f32"))
+      ->check(CLI::IsMember({"f32", "bf16"}));
   serve_cmd
       ->add_option("--out-dir", serve->out_dir, "Where serve.json and serve.png go ('' = nowhere)")
       ->capture_default_str();

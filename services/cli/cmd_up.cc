@@ -16,6 +16,7 @@
 #include "services/common/server.h"
 #include "worker/engine/draft_engine.h"
 #include "worker/model/checkpoint/model_config.h"
+#include "worker/model/device.h"
 
 namespace tandem::cli {
 
@@ -28,7 +29,8 @@ struct UpArgs {
   std::vector<std::string> api_keys;
   std::string model_dir;
   std::string drafter_model_dir;
-  std::string device;  // the verifier's and the drafter's --device; "" = theirs (cpu)
+  std::string device;       // the verifier's and the drafter's --device; "" = theirs (cpu)
+  std::string cpu_weights;  // the verifier's and the drafter's --cpu-weights; "" = theirs (f32)
   double start_timeout_seconds = 120;
   bool self_spec_drafter = false;  // the drafter hosts the target and drafts with its masks
 };
@@ -82,6 +84,7 @@ int RunUp(const UpArgs& args) {
       .router_http_listen = http_listen == "off" ? "" : http_listen,
       .api_keys = args.api_keys,
       .device = args.device,
+      .cpu_weights = args.cpu_weights,
       .start_timeout = absl::Seconds(args.start_timeout_seconds),
   };
   if (args.self_spec_drafter) {
@@ -166,6 +169,10 @@ void RegisterUp(CLI::App& app, int* exit_code) {
                   "Where the verifier's and the drafter's models run: cpu (fp32) or cuda (bf16 "
                   "GPU; both share the GPU); default: cpu")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--cpu-weights", args->cpu_weights,
+                  absl::StrCat("The verifier's and the drafter's --cpu-weights. ", kCpuWeightsHelp,
+                               "; default: f32"))
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--start-timeout", args->start_timeout_seconds,
                   "Seconds each service may take to start")
       ->capture_default_str();

@@ -27,13 +27,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   cluster->drafter_model_dir_ =
       o.drafter_model_dir.empty() ? DefaultDrafterDir(*model_dir) : o.drafter_model_dir;
 
-  // Flags every service takes alike (the model services: `threads`, also --threads, --device and
-  // the registry).
+  // Flags every service takes alike (the model services: `threads`, also --threads, --device,
+  // --cpu-weights and the registry).
   auto common = [&o](std::vector<std::string> argv, bool threads) {
     argv.insert(argv.end(), {"--listen", "127.0.0.1:0"});
     if (o.metrics) argv.insert(argv.end(), {"--metrics-listen", "127.0.0.1:0"});
     if (threads && o.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(o.threads)});
     if (threads && !o.device.empty()) argv.insert(argv.end(), {"--device", o.device});
+    if (threads && !o.cpu_weights.empty()) {
+      argv.insert(argv.end(), {"--cpu-weights", o.cpu_weights});
+    }
     if (threads && !o.redis.empty()) argv.insert(argv.end(), {"--redis", o.redis});
     return argv;
   };

@@ -32,7 +32,9 @@ struct LocalClusterOptions {
   bool metrics = true;  // every service serves /metrics on a port chosen by the OS
   int threads = 0;      // the verifier's and the drafter's --threads; 0 = their default
   std::string device;   // the verifier's and the drafter's --device; "" = their default (cpu)
-  int verifiers = 1;    // verifier processes, all behind the router
+  // The verifier's and the drafter's --cpu-weights; "" = their default (f32).
+  std::string cpu_weights;
+  int verifiers = 1;  // verifier processes, all behind the router
   // A Redis worker registry (HOST:PORT; "" = none): the drafter and the verifiers register
   // there (--redis), and the router finds its verifiers there only (no --verifier flags).
   std::string redis;

@@ -300,6 +300,20 @@ TEST(BenchServe, DefaultModesAreEveryModeAutoMayChoose) {
                                      "jacobi", "auto"}));
 }
 
+// --cpu-weights reaches the local verifier and drafter: with bf16 both start and serve ar and
+// spec; a weight type they do not know is refused before a cluster starts.
+TEST(BenchServe, CpuWeightsReachTheLocalServices) {
+  const CommandRun run = RunTandem(
+      "bench serve --concurrency 1 --max-tokens 4 --requests-per-level 1 --rounds 1 "
+      "--pair-rounds 0 --warmup 0 --modes ar,spec --cpu-weights bf16 --json --out-dir ''");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json j = json::parse(run.out);
+  EXPECT_EQ(j["modes"], json::array({"ar", "spec"}));
+  const CommandRun bad = RunTandem("bench serve --cpu-weights f16 --out-dir ''");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("--cpu-weights"));
+}
+
 // Bad values are refused before a cluster starts.
 TEST(BenchServe, RefusesBadRoundsAndWarmup) {
   const std::pair<std::string, std::string> cases[] = {
