@@ -1,7 +1,5 @@
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.cuh"
@@ -39,10 +37,7 @@ constexpr int kLongTargetCtas = 2 * 132;
 constexpr int kLongMinSplitSlots = 512;
 
 bool ShortSplits() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("TANDEM_CUDA_ATTENTION_SHORT_SPLITS");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool enabled = internal::SwitchOn("TANDEM_CUDA_ATTENTION_SHORT_SPLITS");
   return enabled;
 }
 
@@ -384,10 +379,7 @@ __global__ void MergeKernel(const float* partial_o, const float* partial_m, cons
 // a multiple of 8 whose eighth is a power of two, both caches 16-byte aligned, and the path not
 // switched off (TANDEM_CUDA_ATTENTION_VECTOR=0, read once per process; for comparisons).
 int VectorPathGroup(const PagedAttentionParams& params) {
-  static const bool enabled = [] {
-    const char* value = std::getenv("TANDEM_CUDA_ATTENTION_VECTOR");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool enabled = internal::SwitchOn("TANDEM_CUDA_ATTENTION_VECTOR");
   const int g = params.head_dim / kVector;
   if (!enabled || params.head_dim % kVector != 0 || (g & (g - 1)) != 0 || g > kWarpSize) return 0;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace tandem::kernels::cuda::internal {
 
@@ -102,6 +104,13 @@ __device__ __forceinline__ void LetDependentsStart() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+
+// Whether the side-by-side switch `name` (an environment variable) is on: unset, or anything but
+// "0". Callers keep the answer in a function-local static, so it is read once per process.
+inline bool SwitchOn(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
 // Host-side helpers for Check().

@@ -1,6 +1,4 @@
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -165,13 +163,8 @@ absl::Status Launch(const GemmParams& p, T* y, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 bool SkinnyEnabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("TANDEM_CUDA_SKINNY");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool enabled = SwitchOn("TANDEM_CUDA_SKINNY");
   return enabled;
 }
 
@@ -179,7 +172,7 @@ bool SkinnyEnabled() {
 
 bool SkinnyApplies(const GemmParams& params) {
   return params.m >= 1 && params.m <= kSkinnyMaxRows && params.k % 8 == 0 && params.ldx % 8 == 0 &&
-         params.ldw % 8 == 0 && Aligned16(params.x) && Aligned16(params.w) && SkinnyEnabled() &&
+         params.ldw % 8 == 0 && Aligned(params.x, 16) && Aligned(params.w, 16) && SkinnyEnabled() &&
          ComputeCapabilityMajor() >= 8;
 }
 

@@ -1,8 +1,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -143,10 +141,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 constexpr int kSplitWarps = 16384;  // 2048 CTAs: about 15 per multiprocessor of an H100/H200
 
 int SplitFor(int n, int k) {
-  static const bool enabled = [] {
-    const char* value = std::getenv("TANDEM_CUDA_GEMV_SPLIT");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool enabled = SwitchOn("TANDEM_CUDA_GEMV_SPLIT");
   if (!enabled) return 1;
   int split = 1;
   while (split < 8 && static_cast<int64_t>(n) * split < kSplitWarps &&
@@ -202,13 +197,8 @@ absl::Status Launch(const GemmParams& p, T* y, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 bool GemvEnabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("TANDEM_CUDA_GEMV");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool enabled = SwitchOn("TANDEM_CUDA_GEMV");
   return enabled;
 }
 
@@ -235,17 +225,14 @@ int ComputeCapabilityMajor() {
 }
 
 bool ProgrammaticLaunch() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("TANDEM_CUDA_PDL");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool enabled = SwitchOn("TANDEM_CUDA_PDL");
   return enabled && ComputeCapabilityMajor() >= 9;
 }
 
 bool GemvApplies(const GemmParams& params) {
   return params.m >= 1 && params.m <= kGemvMaxRows && params.k % kVector == 0 &&
-         params.ldx % kVector == 0 && params.ldw % kVector == 0 && Aligned16(params.x) &&
-         Aligned16(params.w) && GemvEnabled();
+         params.ldx % kVector == 0 && params.ldw % kVector == 0 && Aligned(params.x, 16) &&
+         Aligned(params.w, 16) && GemvEnabled();
 }
 
 absl::Status InvokeGemv(const GemmParams& params, cudaStream_t stream) {
