@@ -33,27 +33,30 @@ bool HostPort(const sockaddr_storage& address, socklen_t length, std::string* ho
 
 }  // namespace
 
+bool ConnectedEnds(int fd, SocketEnds* ends) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  // Not a socket (ENOTSOCK), or not connected: no ends.
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return false;
+  if (address.ss_family != AF_INET && address.ss_family != AF_INET6) return false;
+  if (!HostPort(address, length, &ends->local_addr, &ends->local_port)) return false;
+  length = sizeof(address);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return false;
+  return HostPort(address, length, &ends->remote_addr, &ends->remote_port);
+}
+
 int FindConnectionSocket(const std::string& local_addr, int local_port,
                          const std::string& remote_addr, int remote_port) {
   DIR* dir = opendir("/proc/self/fd");
   if (dir == nullptr) return -1;
   int found = -1;
-  std::string host;
-  int port = 0;
+  SocketEnds ends;
   while (const dirent* entry = readdir(dir)) {
     int fd = -1;
     if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == dirfd(dir)) continue;
-    sockaddr_storage address{};
-    socklen_t length = sizeof(address);
-    // Not a socket (ENOTSOCK), or not connected: not ours.
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
-    if (address.ss_family != AF_INET && address.ss_family != AF_INET6) continue;
-    if (!HostPort(address, length, &host, &port) || port != local_port || host != local_addr) {
-      continue;
-    }
-    length = sizeof(address);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
-    if (HostPort(address, length, &host, &port) && port == remote_port && host == remote_addr) {
+    if (ConnectedEnds(fd, &ends) && ends.local_port == local_port &&
+        ends.remote_port == remote_port && ends.local_addr == local_addr &&
+        ends.remote_addr == remote_addr) {
       found = fd;
       break;
     }

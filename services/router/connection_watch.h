@@ -26,6 +26,16 @@
 
 namespace tandem {
 
+// The two ends of connected TCP socket `fd`, numeric hosts as cpp-httplib's Request holds them;
+// false for a descriptor that is not a connected IPv4/IPv6 socket.
+struct SocketEnds {
+  std::string local_addr;
+  int local_port = 0;
+  std::string remote_addr;
+  int remote_port = 0;
+};
+bool ConnectedEnds(int fd, SocketEnds* ends);
+
 // The descriptor of this process's TCP socket whose local end is local_addr:local_port and
 // whose peer is remote_addr:remote_port (numeric hosts, as cpp-httplib's Request holds them),
 // or -1 when there is none.

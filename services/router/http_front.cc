@@ -17,6 +17,7 @@
 #include "services/router/connection_watch.h"
 #include "services/router/http_openai.h"
 #include "services/router/http_tools.h"
+#include "services/router/request_deadline.h"
 
 namespace tandem {
 
@@ -244,6 +245,15 @@ class Handlers {
         watch_(watch),
         created_(static_cast<int64_t>(std::time(nullptr))) {}
 
+  // Set once, after binding and before the first request.
+  void set_deadline(RequestDeadline* deadline) { deadline_ = deadline; }
+
+  // Stops the request deadline's clock on this request's connection while the handle lives.
+  std::shared_ptr<RequestDeadline::Serving> Serve(const httplib::Request& req) const {
+    if (deadline_ == nullptr) return nullptr;
+    return deadline_->Serve(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  }
+
   // False (and the 401 written) when API keys are on and the request carries none of them.
   bool Authorize(const httplib::Request& req, httplib::Response& res) const {
     absl::Status status = options_->api_keys.Check(req.get_header_value("Authorization"));
@@ -268,6 +278,7 @@ class Handlers {
   }
 
   void Models(const httplib::Request& req, httplib::Response& res) const {
+    const std::shared_ptr<RequestDeadline::Serving> serving = Serve(req);
     if (!Authorize(req, res)) return;
     v1::ListModelsResponse reply;
     grpc::Status status = ListModels(Forwarded(req), &reply);
@@ -282,6 +293,7 @@ class Handlers {
   }
 
   void Generate(http::Api api, const httplib::Request& req, httplib::Response& res) const {
+    std::shared_ptr<RequestDeadline::Serving> serving = Serve(req);  // a stream's: to its end
     if (!Authorize(req, res)) return;
     absl::StatusOr<http::ParsedRequest> parsed = http::ParseRequest(api, req.body);
     if (!parsed.ok()) {
@@ -404,7 +416,7 @@ class Handlers {
     res.set_chunked_content_provider(
         "text/event-stream",
         [stream](size_t /*offset*/, httplib::DataSink& sink) { return stream->Next(sink); },
-        [stream](bool success) {
+        [stream, serving = std::move(serving)](bool success) {
           // The client went away mid-stream: stop the verifiers' work now.
           if (!success) stream->Cancel();
         });
@@ -425,7 +437,8 @@ class Handlers {
   const HttpFrontOptions* options_;
   v1::Generation::Stub* stub_;
   ConnectionWatch* watch_;
-  const int64_t created_;  // the `created` of every model in /v1/models
+  RequestDeadline* deadline_ = nullptr;  // null: no deadline
+  const int64_t created_;                // the `created` of every model in /v1/models
 };
 
 }  // namespace
@@ -518,6 +531,10 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   }
   front->address_ =
       absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", bound);
+  if (front->options_.request_timeout > absl::ZeroDuration()) {
+    front->deadline_ = std::make_unique<RequestDeadline>(bound, front->options_.request_timeout);
+    handlers->set_deadline(front->deadline_.get());
+  }
   front->listener_ = std::thread([&server] { server.listen_after_bind(); });
   // Stop() before the loop runs would not stop it.
   for (int i = 0; i < 1000 && !server.is_running(); ++i) {
@@ -533,5 +550,9 @@ void HttpFront::Stop() {
 }
 
 HttpFront::~HttpFront() { Stop(); }
+
+int64_t HttpFront::requests_timed_out() const {
+  return deadline_ != nullptr ? deadline_->expired() : 0;
+}
 
 }  // namespace tandem

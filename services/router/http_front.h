@@ -17,18 +17,24 @@
 // connections arrive and kept for the next ones), up to `max_connections` at once; more wait for
 // one to end. A fixed pool the size of the admission bound let a few hundred clients that send
 // their request a byte a second hold every thread, so that /health and every new request waited
-// until they timed out; now such clients cost a thread each and the rest are served.
+// until they timed out; now such clients cost a thread each and the rest are served. A client
+// must also send each request, headers and body, within `request_timeout` of connecting or of
+// its previous response (request_deadline.h), or its connection is closed: cpp-httplib's own
+// timeout is only between two reads, which a client sending a byte every few seconds never
+// meets.
 //
 // Thread-safety: handlers run on those threads (never gRPC's) and block on the in-process call.
 // Start/Stop/address from one thread (main).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "services/common/api_keys.h"
 #include "tandem/v1/generate.grpc.pb.h"
@@ -40,6 +46,7 @@ class Server;
 namespace tandem {
 
 class ConnectionWatch;
+class RequestDeadline;
 
 struct HttpFrontOptions {
   std::string listen;  // HOST:PORT; port 0 = chosen by the OS
@@ -50,6 +57,8 @@ struct HttpFrontOptions {
   // Connections served at once, a thread each; more wait for one to end. Streams and slow
   // clients hold one for their length.
   int max_connections = 1024;
+  // The time a connection has to send each request (headers and body); zero: no limit.
+  absl::Duration request_timeout = absl::Seconds(60);
 };
 
 class HttpFront {
@@ -67,13 +76,17 @@ class HttpFront {
   // with a deadline) so that streams in flight end and their handlers return.
   void Stop();
 
+  // Connections closed so far for not sending a request within request_timeout.
+  int64_t requests_timed_out() const;
+
  private:
   HttpFront(HttpFrontOptions options, std::shared_ptr<grpc::Channel> channel);
 
   HttpFrontOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Generation::Stub> stub_;
-  std::unique_ptr<ConnectionWatch> watch_;  // outlives the server's handlers
+  std::unique_ptr<ConnectionWatch> watch_;     // outlives the server's handlers
+  std::unique_ptr<RequestDeadline> deadline_;  // and this, their Serving handles
   std::unique_ptr<httplib::Server> server_;
   std::thread listener_;
   std::string address_;

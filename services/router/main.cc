@@ -120,6 +120,13 @@ int main(int argc, char** argv) {
                  "one for their length); more wait for one to end")
       ->envname("TANDEM_ROUTER_HTTP_MAX_CONNECTIONS")
       ->check(CLI::Range(1, 65536));
+  double http_request_timeout = 60;
+  app.add_option("--http-request-timeout", http_request_timeout,
+                 "Seconds an HTTP connection has to send each request, headers and body, from "
+                 "connecting or from its previous response; then it is closed (0: no limit)")
+      ->envname("TANDEM_ROUTER_HTTP_REQUEST_TIMEOUT")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   app.add_option("--api-key", api_keys,
                  "Require 'Bearer KEY' from clients, HTTP and gRPC (repeatable; /health and "
                  "/ready stay open)")
@@ -225,6 +232,7 @@ int main(int argc, char** argv) {
               return false;
             },
         .max_connections = http_max_connections,
+        .request_timeout = absl::Seconds(http_request_timeout),
     };
     // HTTP requests take the gRPC clients' path: the same service, in process.
     auto front = tandem::HttpFront::Start(

@@ -102,6 +102,10 @@ def check_common(docs, name, chart, failures):
     grace = verifier["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
     failures.check(len(drain) == 1 and grace > int(drain[0].split("=")[1]),
                    f"{name}: terminationGracePeriodSeconds {grace} does not cover {drain}")
+    # Slow HTTP clients hold a thread each, for the request timeout at most.
+    for flag in ("--http-max-connections=", "--http-request-timeout="):
+        failures.check(any(a.startswith(flag) for a in args_of(router)),
+                       f"{name}: the router lacks {flag}")
     for doc in docs:
         if doc["kind"] not in ("Deployment", "StatefulSet") or doc["metadata"]["name"].endswith(
                 "-redis"):

@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -119,7 +121,8 @@ class ScriptedGeneration final : public v1::Generation::Service {
 
 class HttpFrontTest : public ::testing::Test {
  protected:
-  void Start(std::vector<std::string> keys = {}) {
+  void Start(std::vector<std::string> keys = {},
+             absl::Duration request_timeout = absl::Seconds(60)) {
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
@@ -127,7 +130,8 @@ class HttpFrontTest : public ::testing::Test {
     auto front = HttpFront::Start({.listen = "127.0.0.1:0",
                                    .api_keys = ApiKeys(keys),
                                    .ready = [this] { return ready_.load(); },
-                                   .max_connections = 64},
+                                   .max_connections = 64,
+                                   .request_timeout = request_timeout},
                                   server_->InProcessChannel(grpc::ChannelArguments()));
     ASSERT_TRUE(front.ok()) << front.status();
     front_ = std::move(*front);
@@ -476,6 +480,83 @@ TEST_F(HttpFrontTest, HalfSentRequestsDoNotBlockOtherClients) {
   EXPECT_EQ(completion->status, 200) << completion->body;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   for (int fd : sockets) close(fd);
+}
+
+// Whether the front closed `fd` (or reset it) within `within`, sending one more byte of an endless
+// request header every 200 ms meanwhile: under cpp-httplib's 5 s between reads, never a whole
+// request. Sets *elapsed to the time it took.
+bool ClosedWhileTrickling(int fd, std::chrono::milliseconds within,
+                          std::chrono::milliseconds* elapsed) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  if (send(fd, head.data(), head.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(head.size())) {
+    return false;
+  }
+  while (std::chrono::steady_clock::now() - start < within) {
+    pollfd poll_fd{.fd = fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+    if (poll(&poll_fd, 1, 200) > 0) {  // closed: nothing else is ever sent before the request
+      *elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      return true;
+    }
+    if (send(fd, "a", 1, MSG_NOSIGNAL) != 1) {
+      *elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Slow clients, the rest (issue: a client that trickles its request never meets cpp-httplib's
+// 5 s timeout between reads, and holds its thread for good): with a 1 s request timeout, a
+// connection trickling a header a byte per 200 ms is closed after about a second, and the
+// front serves on.
+TEST_F(HttpFrontTest, ARequestTrickledPastTheTimeoutIsClosed) {
+  Start({}, absl::Seconds(1));
+  const int fd = Connect();
+  std::chrono::milliseconds elapsed{0};
+  EXPECT_TRUE(ClosedWhileTrickling(fd, std::chrono::seconds(4), &elapsed));
+  EXPECT_GE(elapsed.count(), 900);
+  EXPECT_LT(elapsed.count(), 4000);
+  EXPECT_EQ(front_->requests_timed_out(), 1);
+  close(fd);
+  auto whole = Post("/v1/completions", R"({"prompt": "hi"})");
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(whole->status, 200) << whole->body;
+}
+
+// The timeout is for receiving requests: a stream that lasts past it, and the next request on
+// the same kept-alive connection, are served whole.
+TEST_F(HttpFrontTest, TheRequestTimeoutDoesNotCutAStreamOrTheNextRequest) {
+  Start({}, absl::Seconds(1));
+  size_t received = 0;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.set_header("Content-Type", "application/json");
+  request.body = R"({"prompt": "slow", "stream": true})";
+  const auto start = std::chrono::steady_clock::now();
+  request.content_receiver = [&](const char*, size_t length, uint64_t, uint64_t) {
+    received += length;
+    return std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2500);
+  };
+  client_->set_keep_alive(true);
+  auto streamed = client_->send(request);
+  // Ended by the receiver (canceled), not by the front closing the connection (a read error).
+  EXPECT_EQ(streamed.error(), httplib::Error::Canceled) << httplib::to_string(streamed.error());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2500));
+  EXPECT_GT(received, 0u);
+  EXPECT_TRUE(WaitFor(service_.slow_cancelled_));
+  // Kept-alive requests 0.7 s apart on one connection, past the timeout in all, are served
+  // (each request's clock starts when the previous response ends).
+  for (int i = 0; i < 3; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    auto whole = Post("/v1/completions", R"({"prompt": "hi"})");
+    ASSERT_TRUE(whole) << httplib::to_string(whole.error());
+    EXPECT_EQ(whole->status, 200) << whole->body;
+  }
+  EXPECT_EQ(front_->requests_timed_out(), 0);
 }
 
 TEST(SplitHostPortTest, Forms) {
