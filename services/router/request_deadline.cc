@@ -49,15 +49,15 @@ std::vector<Found> ConnectionsOn(int port) {
   return found;
 }
 
-// Shuts socket `inode` down through descriptor `fd` unless `fd` is no longer that socket.
-bool ShutDown(int fd, uint64_t inode) {
+// A duplicate of descriptor `fd` while it is still socket `inode`, else -1 (closed, or reused
+// for another file meanwhile). The duplicate keeps that socket open until it is closed.
+int DuplicateIfSame(int fd, uint64_t inode) {
   const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (copy < 0) return false;  // closed meanwhile
+  if (copy < 0) return -1;
   struct stat st {};
-  const bool same = fstat(copy, &st) == 0 && static_cast<uint64_t>(st.st_ino) == inode;
-  if (same) shutdown(copy, SHUT_RDWR);
+  if (fstat(copy, &st) == 0 && static_cast<uint64_t>(st.st_ino) == inode) return copy;
   close(copy);
-  return same;
+  return -1;
 }
 
 }  // namespace
@@ -142,7 +142,11 @@ void RequestDeadline::Scan(absl::Time now) {
     }
   }
   for (const auto& [fd, inode] : expired) {
-    if (ShutDown(fd, inode)) expired_.fetch_add(1, std::memory_order_relaxed);
+    const int copy = DuplicateIfSame(fd, inode);
+    if (copy < 0) continue;
+    expired_.fetch_add(1, std::memory_order_relaxed);  // before the client can see the close
+    shutdown(copy, SHUT_RDWR);
+    close(copy);
   }
 }
 
