@@ -30,6 +30,8 @@ find_package(GTest CONFIG REQUIRED)
 find_package(OpenMP REQUIRED)
 # Debian's hiredis CMake config points at missing files: use pkg-config instead.
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+# TLS to Redis: hiredis 0.14 has none, so the Redis client runs its protocol over OpenSSL itself.
+find_package(OpenSSL REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 
 # xgrammar's C++ core constrains decoding to JSON schemas and tool-call formats

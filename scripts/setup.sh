@@ -22,7 +22,7 @@ readonly packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libhiredis-dev libopenblas-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev libssl-dev
   redis-server curl prometheus
   python3 python3-venv python3-pip python3-grpcio python3-protobuf python3-matplotlib
   openssl

@@ -43,21 +43,35 @@ std::string FindOnPath(const std::string& name) {
   return std::string();
 }
 
-absl::Status RedisProcess::Start(int port, const std::string& password) {
+absl::Status RedisProcess::Start(int port, const std::string& password, const RedisServerTls& tls) {
   Kill();
   const std::string binary = FindOnPath("redis-server");
   if (binary.empty()) return absl::NotFoundError("redis-server is not on PATH");
   port_ = port;
-  std::vector<std::string> argv = {binary,   "--port", std::to_string(port), "--bind", "127.0.0.1",
-                                   "--save", "",       "--appendonly",       "no"};
+  std::vector<std::string> argv = {binary, "--bind",       "127.0.0.1", "--save",
+                                   "",     "--appendonly", "no"};
+  RedisAuth auth;
+  if (tls.cert_file.empty()) {
+    argv.insert(argv.end(), {"--port", std::to_string(port)});
+  } else {
+    argv.insert(argv.end(),
+                {"--port", "0", "--tls-port", std::to_string(port), "--tls-cert-file",
+                 tls.cert_file, "--tls-key-file", tls.key_file, "--tls-ca-cert-file", tls.ca_file,
+                 "--tls-auth-clients", tls.require_client_cert ? "yes" : "no"});
+    auth = {
+        .tls_ca_file = tls.ca_file, .tls_cert_file = tls.cert_file, .tls_key_file = tls.key_file};
+  }
   if (!password.empty()) argv.insert(argv.end(), {"--requirepass", password});
+  absl::StatusOr<RedisClient::Options> options =
+      RedisClient::WithAuth({.host = "127.0.0.1", .port = port}, auth);
+  if (!options.ok()) return options.status();
+  options->min_backoff = absl::Milliseconds(20);
+  options->max_backoff = absl::Milliseconds(20);
+  options->password = password;
   auto child = ChildProcess::Start({.name = "redis", .argv = argv, .forward_output = false});
   if (!child.ok()) return child.status();
   process_ = std::move(*child);
-  RedisClient client({.address = {.host = "127.0.0.1", .port = port},
-                      .min_backoff = absl::Milliseconds(20),
-                      .max_backoff = absl::Milliseconds(20),
-                      .password = password});
+  RedisClient client(*options);
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (absl::Now() < give_up) {
     absl::StatusOr<RedisReply> pong = client.Command({"PING"});

@@ -20,12 +20,21 @@ int FreeLoopbackPort();
 // The first executable `name` on $PATH (/usr/bin without PATH); "" when there is none.
 std::string FindOnPath(const std::string& name);
 
+// TLS for a RedisProcess: with `cert_file` set, the port speaks TLS only (PEM files; the key's
+// certificate is also the PING client's, so the CA must have signed it).
+struct RedisServerTls {
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;
+  bool require_client_cert = false;  // tls-auth-clients
+};
+
 class RedisProcess {
  public:
-  // Starts redis-server on 127.0.0.1:`port` (requiring `password` when it is set) and waits up
-  // to 20 s for it to answer PING. NotFound without redis-server on PATH; Unavailable with its
-  // stderr when it does not answer. A running server is killed first.
-  absl::Status Start(int port, const std::string& password = "");
+  // Starts redis-server on 127.0.0.1:`port` (requiring `password` when it is set, over TLS when
+  // `tls` says so) and waits up to 20 s for it to answer PING. NotFound without redis-server on
+  // PATH; Unavailable with its stderr when it does not answer. A running server is killed first.
+  absl::Status Start(int port, const std::string& password = "", const RedisServerTls& tls = {});
   // SIGKILL, and waits for the exit (up to 10 s). No-op when not running.
   void Kill();
 

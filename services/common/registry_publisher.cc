@@ -24,6 +24,21 @@ void AddRedisAuthFlags(CLI::App& app, RedisAuth* auth) {
   app.add_option("--redis-password-file", auth->password_file,
                  "file holding the Redis password; empty = no AUTH")
       ->envname("TANDEM_REDIS_PASSWORD_FILE");
+  app.add_flag("--redis-tls", auth->tls,
+               "TLS to Redis (its tls-port), verifying its certificate (on as well when any "
+               "--redis-tls-* option is given)")
+      ->envname("TANDEM_REDIS_TLS");
+  app.add_option("--redis-tls-ca", auth->tls_ca_file,
+                 "PEM file of the CAs that sign Redis' certificate (default: the system's)")
+      ->envname("TANDEM_REDIS_TLS_CA");
+  app.add_option("--redis-tls-cert", auth->tls_cert_file,
+                 "PEM client certificate for Redis' tls-auth-clients (with --redis-tls-key)")
+      ->envname("TANDEM_REDIS_TLS_CERT");
+  app.add_option("--redis-tls-key", auth->tls_key_file, "PEM key of --redis-tls-cert")
+      ->envname("TANDEM_REDIS_TLS_KEY");
+  app.add_option("--redis-tls-server-name", auth->tls_server_name,
+                 "the name Redis' certificate must carry (default: the host of --redis)")
+      ->envname("TANDEM_REDIS_TLS_SERVER_NAME");
 }
 
 absl::StatusOr<std::unique_ptr<RegistryPublisher>> RegistryPublisher::Create(Options options) {

@@ -32,8 +32,9 @@ struct RegistryFlags {
   RedisAuth auth;
 };
 void AddRegistryFlags(CLI::App& app, RegistryFlags* flags, const std::string& env_prefix);
-// Adds --redis-user and --redis-password-file (env TANDEM_REDIS_USER, TANDEM_REDIS_PASSWORD_FILE:
-// one pair for every service); AddRegistryFlags includes them.
+// Adds --redis-user, --redis-password-file and the --redis-tls* options (env TANDEM_REDIS_USER,
+// TANDEM_REDIS_PASSWORD_FILE, TANDEM_REDIS_TLS*: one set for every service); AddRegistryFlags
+// includes them.
 void AddRedisAuthFlags(CLI::App& app, RedisAuth* auth);
 
 class RegistryPublisher {

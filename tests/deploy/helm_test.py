@@ -202,6 +202,16 @@ def check_specific(docs, name, failures):
                        f"{name}: no Redis password Secret")
         failures.check(redis is not None and "--requirepass" in args_of(redis),
                        f"{name}: the in-chart Redis does not require a password")
+        # redis.tls: Redis serves TLS only and requires client certificates; every service
+        # verifies it and presents its own.
+        redis_args = args_of(redis) if redis is not None else []
+        failures.check("--tls-port" in redis_args and "--tls-auth-clients" in redis_args and
+                       redis_args[redis_args.index("--port") + 1] == "0",
+                       f"{name}: the in-chart Redis does not serve TLS only: {redis_args}")
+        for doc in (router, verifier, drafter):
+            for flag in ("--redis-tls-ca=", "--redis-tls-cert=", "--redis-tls-key="):
+                failures.check(any(a.startswith(flag) for a in args_of(doc)),
+                               f"{name}: {doc['metadata']['name']} lacks {flag}")
         for doc in (router, verifier, drafter):
             failures.check("--redis-password-file=/etc/tandem/redis-auth/password" in
                            args_of(doc), f"{name}: {doc['metadata']['name']} does not AUTH")
@@ -261,6 +271,10 @@ def negative_checks(helm_bin, chart, failures):
                    "values.schema.json accepted model.source=nfs")
     result = render(helm_bin, chart, None, ["--set", "redis.mode=external"])
     failures.check(result.returncode != 0, "redis.mode=external without an address rendered")
+    result = render(helm_bin, chart, None, ["--set", "redis.mode=internal",
+                                            "--set", "redis.tls.enabled=true"])
+    failures.check(result.returncode != 0 and "tls.enabled" in result.stderr,
+                   "redis.tls.enabled without tls.enabled rendered")
     bad = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
            "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
                "metadata": {"labels": {"a": "b"}},

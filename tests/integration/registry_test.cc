@@ -1,11 +1,12 @@
 // The Redis worker registry with real processes: a redis-server started by the test, workers
 // started with --redis, and a router that knows its verifiers and drafter only from the registry.
-// Registration, expiry of a killed worker, and a Redis restart while requests flow.
+// Registration, expiry of a killed worker, a Redis restart while requests flow, AUTH and TLS.
 #include "router/registry.h"
 
 #include <signal.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -192,6 +193,156 @@ TEST(RedisAuthTest, WorkersAndTheRouterAuthenticateToRedis) {
                              {BinaryPath("router", "tandem-router"), "--listen", "127.0.0.1:0",
                               "--redis", redis.address(), "--redis-password-file", password_file},
                              &router_address);
+  ASSERT_TRUE(router.ok()) << router.status();
+  auto stub = GenerationStub(router_address);
+  ASSERT_TRUE(WaitFor([&] { return ModelCount(*stub) == 1; }, absl::Seconds(10)))
+      << (*router)->StderrTail();
+  const StreamResult result = Generate(*stub, Short("ar"));
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  EXPECT_EQ(result.tokens.size(), 16u);
+}
+
+// Certificates made by openssl for the TLS tests: a CA, a Redis server certificate for 127.0.0.1
+// and localhost, a client certificate, all signed by the CA, and a second, unrelated CA.
+class RedisTlsTest : public ::testing::Test {
+ protected:
+  // In SetUp, not SetUpTestSuite: a failure there fails the test instead of reading as a skip.
+  void SetUp() override {
+    const std::string script =
+        "set -e; cd " + dir_.path().string() +
+        "; for ca in ca other-ca; do openssl req -x509 -newkey rsa:2048 -nodes -keyout \\$ca.key "
+        "-out \\$ca.pem -days 2 -subj /CN=tandem-\\$ca 2>/dev/null; done"
+        "; printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext"
+        "; openssl req -newkey rsa:2048 -nodes -keyout redis.key -out redis.csr "
+        "-subj /CN=redis 2>/dev/null"
+        "; openssl x509 -req -in redis.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "-out redis.pem -days 2 -extfile san.ext 2>/dev/null"
+        "; openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+        "-subj /CN=tandem-worker 2>/dev/null"
+        "; openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "-out client.pem -days 2 2>/dev/null";
+    ASSERT_EQ(std::system(("bash -c \"" + script + "\"").c_str()), 0) << "openssl failed";
+  }
+  std::string File(const std::string& name) const { return dir_.File(name); }
+
+  // A Redis on TLS only that requires a client certificate and a password.
+  void StartRedis() {
+    const absl::Status started = redis_.Start(FreeLoopbackPort(), "registry-secret",
+                                              {.cert_file = File("redis.pem"),
+                                               .key_file = File("redis.key"),
+                                               .ca_file = File("ca.pem"),
+                                               .require_client_cert = true});
+    ASSERT_TRUE(started.ok()) << started;
+  }
+
+  // The command's status from a client with `auth`'s TLS and the test's password.
+  absl::Status Ping(const RedisAuth& auth, const std::string& host = "127.0.0.1") {
+    absl::StatusOr<RedisClient::Options> options =
+        RedisClient::WithAuth({.host = host, .port = redis_.port()}, auth);
+    if (!options.ok()) return options.status();
+    options->password = "registry-secret";
+    return RedisClient(*options).Command({"PING"}).status();
+  }
+
+  RedisAuth Trusted() const {
+    return {.tls_ca_file = File("ca.pem"),
+            .tls_cert_file = File("client.pem"),
+            .tls_key_file = File("client.key")};
+  }
+
+  const test::TempDir dir_;
+  RedisProcess redis_;
+};
+
+// Over TLS the client verifies Redis' certificate (its CA and the name or address dialled) and
+// presents its own; every refusal is an error that says why, and replies larger than one TLS
+// record arrive whole.
+TEST_F(RedisTlsTest, ClientsVerifyRedisAndPresentTheirCertificate) {
+  StartRedis();
+  const RedisAuth trusted = Trusted();
+  ASSERT_TRUE(Ping(trusted).ok()) << Ping(trusted);
+  RedisAuth named = trusted;
+  named.tls_server_name = "localhost";
+  EXPECT_TRUE(Ping(named).ok()) << Ping(named);
+
+  RedisAuth other_ca = trusted;
+  other_ca.tls_ca_file = File("other-ca.pem");
+  absl::Status refused = Ping(other_ca);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("not trusted"));
+  RedisAuth wrong_name = trusted;
+  wrong_name.tls_server_name = "redis.example";
+  refused = Ping(wrong_name);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("redis.example"));
+  // Without a client certificate Redis ends the handshake; without TLS it never answers.
+  refused = Ping({.tls_ca_file = File("ca.pem")});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  refused = Ping({});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+
+  // Files that cannot be loaded are named before any connection is tried.
+  absl::Status bad = Ping({.tls_ca_file = File("missing.pem")});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(std::string(bad.message()), ::testing::HasSubstr("missing.pem"));
+  bad = Ping({.tls_ca_file = File("ca.pem"), .tls_cert_file = File("client.pem")});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  bad = Ping({.tls_ca_file = File("ca.pem"),
+              .tls_cert_file = File("client.pem"),
+              .tls_key_file = File("redis.key")});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(std::string(bad.message()), ::testing::HasSubstr("does not match"));
+
+  // A 1 MiB value, many TLS records each way.
+  absl::StatusOr<RedisClient::Options> options =
+      RedisClient::WithAuth({.host = "127.0.0.1", .port = redis_.port()}, trusted);
+  ASSERT_TRUE(options.ok()) << options.status();
+  options->password = "registry-secret";
+  options->min_backoff = options->max_backoff = absl::Milliseconds(50);
+  RedisClient client(*options);
+  const std::string value(1 << 20, 'v');
+  ASSERT_TRUE(client.Command({"SET", "big", value}).ok());
+  absl::StatusOr<RedisReply> read = client.Command({"GET", "big"});
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->str, value);
+  // A Redis restart: the next commands fail, then one reconnects with a new handshake.
+  const absl::Status restarted = redis_.Start(redis_.port(), "registry-secret",
+                                              {.cert_file = File("redis.pem"),
+                                               .key_file = File("redis.key"),
+                                               .ca_file = File("ca.pem"),
+                                               .require_client_cert = true});
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  EXPECT_TRUE(WaitFor([&] { return client.Command({"PING"}).ok(); }, absl::Seconds(5)));
+}
+
+// Workers and the router given the TLS options (--redis-tls-ca, --redis-tls-cert,
+// --redis-tls-key) register and serve through a Redis that speaks TLS only.
+TEST_F(RedisTlsTest, WorkersAndTheRouterUseTheRegistryOverTls) {
+  StartRedis();
+  const std::string password_file = File("redis-password");
+  std::ofstream(password_file) << "registry-secret\n";
+  const std::vector<std::string> redis_args = {
+      "--redis",         redis_.address(),  "--redis-password-file", password_file,
+      "--redis-tls-ca",  File("ca.pem"),    "--redis-tls-cert",      File("client.pem"),
+      "--redis-tls-key", File("client.key")};
+  std::vector<std::string> verifier_argv = {BinaryPath("verifier", "tandem-verifier"), "--model",
+                                            TargetModelDir(), "--listen", "127.0.0.1:0"};
+  verifier_argv.insert(verifier_argv.end(), redis_args.begin(), redis_args.end());
+  std::string verifier_address, router_address;
+  auto verifier = StartService("verifier", verifier_argv, &verifier_address);
+  ASSERT_TRUE(verifier.ok()) << verifier.status();
+  absl::StatusOr<RedisClient::Options> options =
+      RedisClient::WithAuth({.host = "127.0.0.1", .port = redis_.port()}, Trusted());
+  ASSERT_TRUE(options.ok()) << options.status();
+  options->password = "registry-secret";
+  RedisClient client(*options);
+  ASSERT_TRUE(
+      WaitFor([&] { return Registered(client, "verifier").size() == 1; }, absl::Seconds(10)))
+      << (*verifier)->StderrTail();
+  std::vector<std::string> router_argv = {BinaryPath("router", "tandem-router"), "--listen",
+                                          "127.0.0.1:0"};
+  router_argv.insert(router_argv.end(), redis_args.begin(), redis_args.end());
+  auto router = StartService("router", router_argv, &router_address);
   ASSERT_TRUE(router.ok()) << router.status();
   auto stub = GenerationStub(router_address);
   ASSERT_TRUE(WaitFor([&] { return ModelCount(*stub) == 1; }, absl::Seconds(10)))

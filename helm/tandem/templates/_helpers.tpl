@@ -98,6 +98,24 @@ true
 - --redis-user={{ . }}
 {{- end }}
 {{- end }}
+{{- include "tandem.redisTlsArgs" . }}
+{{- end -}}
+
+{{/* Redis TLS flags (values.yaml, redis.tls): the chart's TLS Secret, mounted at /etc/tandem/tls. */}}
+{{- define "tandem.redisTlsArgs" -}}
+{{- if .Values.redis.tls.enabled }}
+{{- if not .Values.tls.enabled }}
+{{- fail "redis.tls.enabled uses the chart's TLS Secret: set tls.enabled (and its certificate) too" }}
+{{- end }}
+- --redis-tls-ca=/etc/tandem/tls/ca.crt
+{{- if .Values.tls.mutual }}
+- --redis-tls-cert=/etc/tandem/tls/tls.crt
+- --redis-tls-key=/etc/tandem/tls/tls.key
+{{- end }}
+{{- with .Values.redis.tls.serverName }}
+- --redis-tls-server-name={{ . }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "tandem.redisAuthVolume" -}}
@@ -186,6 +204,23 @@ livenessProbe:
 - name: tls
   secret:
     secretName: {{ include "tandem.tlsSecretName" . }}
+{{- end }}
+{{- end -}}
+
+{{/* The TLS Secret for the in-chart Redis (redis.tls), which the tls section alone does not mount. */}}
+{{- define "tandem.redisTlsVolume" -}}
+{{- if .Values.redis.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "tandem.tlsSecretName" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "tandem.redisTlsMount" -}}
+{{- if .Values.redis.tls.enabled }}
+- name: tls
+  mountPath: /etc/tandem/tls
+  readOnly: true
 {{- end }}
 {{- end -}}
 
