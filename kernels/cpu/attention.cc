@@ -24,10 +24,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kTileRows = 128;
 // Score multiply-adds up to which an extend's attention stays on one thread. An OpenMP team costs
 // little on idle cores, but on busy ones its barrier waits a scheduler slice for a preempted
-// thread. A decode step at 512 keys (0.4M) stays on one thread; a 4-token verify (1.6M) splits:
-// measured on the bench engine's model, 2 threads, three paired runs, a 4-token verify cost
-// 1.13-1.23 decode steps with this bound against 1.28-1.30 with 4M.
-constexpr int64_t kParallelWork = int64_t{1} << 20;
+// thread. A decode step at 256 keys (0.2M on the bench engine's model) stays on one thread; one
+// at 512 keys (0.4M) splits. Measured (bench engine --extend-cost, 2 threads, medians of six
+// alternated runs): against 1M, the decode step at 512 keys took 12.5 ms instead of 13.8-14.4,
+// a 2-token extend 15.3 instead of 17.4, a 4-token one 17.6 instead of 18.0; 4M had cost a
+// 4-token verify 1.28-1.30 decode steps against 1.13-1.23 with 1M.
+constexpr int64_t kParallelWork = int64_t{1} << 18;
 
 // Four floats: the SSE/NEON register every target of ours has. Without -ffast-math the compiler
 // does not reorder float reductions on its own, so the reductions below spell the vector
@@ -205,64 +207,97 @@ void ForEachRow(const AttentionParams& p, const float* cache, int kv_head, int f
   });
 }
 
-// Decode and short extends: one work item per (query, kv head) scores the `group` q heads
-// against the cached key rows in place, a block of rows at a time through the few-rows product
-// (rows_gemm.h, the group's heads as its input rows), then weighs the value rows into the
-// outputs the same way; K and V are each read once per item. A query's sums do not depend on the
-// other queries of the extend. Workspace: [group, total] scores per thread.
+// Decode and short extends: one work item per kv head. For each block of its cached key rows, in
+// slot order, every query scores its `group` q heads against the rows it sees in that block,
+// through the few-rows product (rows_gemm.h, the group's heads as its input rows), while the
+// block is in cache; then the value rows weigh into the outputs the same way. So an extend reads
+// K and V once for all its queries, and each query still makes exactly the calls, on exactly the
+// slot runs, that a one-token extend of it makes: its sums do not depend on the other queries.
+// Workspace: [new_tokens, group, total] scores per thread.
 void InvokeDirect(const AttentionParams& p, float* workspace) {
   const int group = p.q_heads / p.kv_heads;
   const int total = p.context_len + p.new_tokens;
   const int d = p.head_dim;
-  const int items = p.new_tokens * p.kv_heads;
-  const int row_stride = static_cast<int>(RowStride(p));
+  const size_t row_stride = RowStride(p);
+  const size_t per_query = static_cast<size_t>(group) * total;
 #pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (!AttentionRunsSerial(p))
-  for (int item = 0; item < items; ++item) {
-    const int i = item / p.kv_heads;
-    const int g = item % p.kv_heads;
-    const Span v = Visible(p, i);
-    const int n = std::max(0, v.hi - v.lo);
-    float* scores = workspace + static_cast<size_t>(omp_get_thread_num()) * group * total;
-    const float* q = p.q + static_cast<size_t>(i) * p.q_stride + static_cast<size_t>(g) * group * d;
-    float* out = p.out + static_cast<size_t>(i) * p.out_stride + static_cast<size_t>(g) * group * d;
-    ForEachBlock(p, p.k_cache, g, v.lo, v.hi, [&](int slot, const float* keys, int count) {
-      for (int h0 = 0; h0 < group; h0 += kRowsMaxM) {
-        InvokeRowsSerial({.x = q + static_cast<size_t>(h0) * d,
-                          .w = keys,
-                          .y = scores + static_cast<size_t>(h0) * n + slot - v.lo,
-                          .m = std::min(kRowsMaxM, group - h0),
-                          .n = count,
-                          .k = d,
-                          .ldy = n,
-                          .alpha = p.scale,
-                          .ldw = row_stride,
-                          .ldx = d});
+  for (int g = 0; g < p.kv_heads; ++g) {
+    float* scores =
+        workspace + static_cast<size_t>(omp_get_thread_num()) * p.new_tokens * per_query;
+    Span spans[kAttentionDirectMaxTokens];
+    int lo = total, hi = 0;  // what any query sees
+    for (int i = 0; i < p.new_tokens; ++i) {
+      spans[i] = Visible(p, i);
+      if (spans[i].hi > spans[i].lo) {
+        lo = std::min(lo, spans[i].lo);
+        hi = std::max(hi, spans[i].hi);
+      }
+    }
+    auto width = [&](int i) { return std::max(0, spans[i].hi - spans[i].lo); };
+    auto query = [&](int i) {
+      return p.q + static_cast<size_t>(i) * p.q_stride + static_cast<size_t>(g) * group * d;
+    };
+    auto output = [&](int i) {
+      return p.out + static_cast<size_t>(i) * p.out_stride + static_cast<size_t>(g) * group * d;
+    };
+    // Query i's part of the run [slot, slot + count): [from, to), clipped to what it sees.
+    auto clip = [&](int i, int slot, int count, int* from, int* to) {
+      *from = std::max(slot, spans[i].lo);
+      *to = std::min(slot + count, spans[i].hi);
+      return *from < *to;
+    };
+    ForEachBlock(p, p.k_cache, g, lo, hi, [&](int slot, const float* keys, int count) {
+      for (int i = 0; i < p.new_tokens; ++i) {
+        int from = 0, to = 0;
+        if (!clip(i, slot, count, &from, &to)) continue;
+        const int n = width(i);
+        float* s = scores + static_cast<size_t>(i) * per_query;
+        for (int h0 = 0; h0 < group; h0 += kRowsMaxM) {
+          InvokeRowsSerial({.x = query(i) + static_cast<size_t>(h0) * d,
+                            .w = keys + static_cast<size_t>(from - slot) * row_stride,
+                            .y = s + static_cast<size_t>(h0) * n + from - spans[i].lo,
+                            .m = std::min(kRowsMaxM, group - h0),
+                            .n = to - from,
+                            .k = d,
+                            .ldy = n,
+                            .alpha = p.scale,
+                            .ldw = static_cast<int>(row_stride),
+                            .ldx = d});
+        }
       }
     });
-    for (int h = 0; h < group; ++h) {
-      float* s = scores + static_cast<size_t>(h) * n;
-      HideMasked(p, MaskRow(p, i), v.lo, v.hi, s);
-      const float norm = SoftmaxRow(s, n);
-      // Normalising the weights first keeps the output a convex combination of V rows.
-      for (int k = 0; k < n; ++k) s[k] *= norm;
+    for (int i = 0; i < p.new_tokens; ++i) {
+      const int n = width(i);
+      for (int h = 0; h < group; ++h) {
+        float* s = scores + static_cast<size_t>(i) * per_query + static_cast<size_t>(h) * n;
+        HideMasked(p, MaskRow(p, i), spans[i].lo, spans[i].hi, s);
+        const float norm = SoftmaxRow(s, n);
+        // Normalising the weights first keeps the output a convex combination of V rows.
+        for (int k = 0; k < n; ++k) s[k] *= norm;
+      }
+      std::fill(output(i), output(i) + group * d, 0.0f);
     }
-    std::fill(out, out + group * d, 0.0f);
-    ForEachBlock(p, p.v_cache, g, v.lo, v.hi, [&](int slot, const float* values, int count) {
-      InvokeWeightedRowsSerial({.weights = scores + slot - v.lo,
-                                .ldwt = n,
-                                .v = values,
-                                .ldv = static_cast<size_t>(row_stride),
-                                .rows = count,
-                                .heads = group,
-                                .d = d,
-                                .out = out});
+    ForEachBlock(p, p.v_cache, g, lo, hi, [&](int slot, const float* values, int count) {
+      for (int i = 0; i < p.new_tokens; ++i) {
+        int from = 0, to = 0;
+        if (!clip(i, slot, count, &from, &to)) continue;
+        InvokeWeightedRowsSerial(
+            {.weights = scores + static_cast<size_t>(i) * per_query + from - spans[i].lo,
+             .ldwt = width(i),
+             .v = values + static_cast<size_t>(from - slot) * row_stride,
+             .ldv = row_stride,
+             .rows = to - from,
+             .heads = group,
+             .d = d,
+             .out = output(i)});
+      }
     });
   }
 }
 
 size_t DirectWorkspace(const AttentionParams& p) {
   return static_cast<size_t>(p.q_heads / p.kv_heads) * (p.context_len + p.new_tokens) *
-         CpuThreads();
+         p.new_tokens * CpuThreads();
 }
 
 // Query rows per tile: whole groups, about kTileRows rows.

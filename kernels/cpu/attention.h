@@ -46,8 +46,8 @@ struct AttentionParams {
 // Empty string when the parameters are consistent, else what is wrong.
 const char* AttentionCheck(const AttentionParams& p);
 // Floats of scratch memory Invoke needs, for CpuThreads() threads (gemm.h). About
-// (2 * head_dim + 128) * (context_len + new_tokens) for an extend, group * (context_len + 1) per
-// thread for a decode (one new token).
+// (2 * head_dim + 128) * (context_len + new_tokens) for an extend past kAttentionDirectMaxTokens,
+// new_tokens * group * (context_len + new_tokens) per thread up to it (a decode, a short verify).
 size_t AttentionWorkspaceFloats(const AttentionParams& p);
 // True when Invoke runs `p` on the calling thread alone (too little work for a parallel loop):
 // callers with several such calls (a batch of decode steps) may run them in parallel themselves.

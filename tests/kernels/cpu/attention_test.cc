@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace tandem::kernels::cpu {
@@ -326,9 +327,10 @@ TEST(AttentionTest, HeadDimsAndPathBoundary) {
 
 // The direct path computes each query as a one-token extend computes it: query i of a causal
 // extend equals, bit for bit, the decode step of that token over the context and the extend's
-// tokens before it (what makes a short verify step's logits the decode steps').
+// tokens before it (what makes a short verify step's logits the decode steps'), also when a
+// sliding window starts each query's keys at another slot (mid-block).
 TEST(AttentionTest, DirectPathQueriesEqualOneTokenExtends) {
-  for (int head_dim : {20, 64, 128}) {
+  for (const auto& [head_dim, window] : {std::pair{20, 0}, {64, 0}, {128, 0}, {64, 20}}) {
     Shape s;
     s.block_size = 16;
     s.context = 37;
@@ -338,7 +340,8 @@ TEST(AttentionTest, DirectPathQueriesEqualOneTokenExtends) {
     s.head_dim = head_dim;
     const Problem p = MakeProblem(s, 500 + head_dim);
     std::vector<float> out;
-    const AttentionParams a = Params(p, &out);
+    AttentionParams a = Params(p, &out);
+    a.window = window;
     std::vector<float> workspace(AttentionWorkspaceFloats(a));
     AttentionInvoke(a, workspace.data());
     for (int i = 0; i < s.new_tokens; ++i) {
@@ -356,7 +359,7 @@ TEST(AttentionTest, DirectPathQueriesEqualOneTokenExtends) {
       EXPECT_EQ(std::memcmp(single.data(), out.data() + static_cast<size_t>(i) * a.out_stride,
                             sizeof(float) * s.q_heads * head_dim),
                 0)
-          << "query " << i << ", head_dim " << head_dim;
+          << "query " << i << ", head_dim " << head_dim << ", window " << window;
     }
   }
 }
