@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <optional>
@@ -42,10 +43,29 @@ void Engine::Impl::HandleMessages(std::vector<EngineMessage> messages) {
     } else if (auto* chain = std::get_if<engine_message::Chain>(&message)) {
       auto it = live_.find(chain->chain.session);
       if (it == live_.end() || !it->second->spec) continue;
+      RefuseForeignTokens(*it->second, chain->chain);
       it->second->chain.Merge(std::move(chain->chain), it->second->tokens);
       late_steps_[it->second->drafter_address] = 0;  // the drafter is back: wait for it again
     }
     // Drain: the flag is already set; the message only wakes the loop.
+  }
+}
+
+void Engine::Impl::RefuseForeignTokens(const EngineSequence& seq, DraftChain& chain) {
+  if (!chain.error.ok()) return;
+  const int vocab = model_->model->config().vocab_size;
+  for (const int32_t token : chain.tokens) {
+    if (token >= 0 && token < vocab) continue;
+    chain.tokens.clear();
+    chain.slots.clear();
+    chain.error = absl::FailedPreconditionError(absl::StrCat(
+        "the drafter at ", seq.drafter_address, " sent token ", token,
+        ", outside this model's vocabulary of ", vocab, " (a drafter for another model?)"));
+    if (foreign_drafters_.insert(seq.drafter_address).second) {
+      std::fprintf(stderr, "tandem engine: %s; its sequences decode without drafts\n",
+                   std::string(chain.error.message()).c_str());
+    }
+    return;
   }
 }
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -181,6 +182,10 @@ class Engine::Impl {
   // Engine thread.
   void Loop();
   void HandleMessages(std::vector<EngineMessage> messages);
+  // A chain with a token outside the model's vocabulary (a drafter for another model, or a
+  // faulty one) becomes an error chain: the sequence stops drafting, with the reason, and never
+  // feeds the forward an out-of-range token.
+  void RefuseForeignTokens(const EngineSequence& seq, DraftChain& chain);
   void CheckCancelsAndDeadlines();
   void Admit();
   void OpenSessions(const std::vector<SeqPtr>& candidates);
@@ -260,6 +265,8 @@ class Engine::Impl {
   // kLateStepsBeforeNoWait on, steps stop waiting for that drafter's chains (a drafter that is
   // up but silent, or hung); a chain from it starts the waits again.
   std::map<std::string, int> late_steps_;
+  // Drafters whose chains carried a token outside the vocabulary (logged once each).
+  std::set<std::string> foreign_drafters_;
   int64_t admissions_ = 0;
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;

@@ -3,7 +3,8 @@
 // session opened with a block size when the model has a <|mask|> token, on a thread of its own, so
 // chains reach the engine asynchronously like a remote drafter's. It can be told to fail after some
 // chains: by erroring every session, or by falling silent; and it can be slow (each chain sent a
-// set delay after it was asked for). It can ask for hidden-state layers and keeps every
+// set delay after it was asked for), or send tokens shifted by a set amount (a drafter for another
+// vocabulary, or a faulty one). It can ask for hidden-state layers and keeps every
 // session's tokens and hidden rows (after Close too) for inspection.
 //
 // Thread-safe: the engine calls Open/Advance/Close from its thread while the drafting thread
@@ -130,6 +131,12 @@ class InProcessDraftChannel : public DraftChannel {
     delay_ = delay;
   }
 
+  // Every drafted token from now on is sent plus `shift`.
+  void set_token_shift(int32_t shift) {
+    absl::MutexLock lock(&mu_);
+    token_shift_ = shift;
+  }
+
   int chains_sent() const {
     absl::MutexLock lock(&mu_);
     return chains_sent_;
@@ -156,6 +163,7 @@ class InProcessDraftChannel : public DraftChannel {
       int block_size = 0;
       std::shared_ptr<Drafter> drafter;
       absl::Duration delay;
+      int32_t shift = 0;
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]()
@@ -170,6 +178,7 @@ class InProcessDraftChannel : public DraftChannel {
         block_size = s.block_size;
         drafter = s.drafter;
         delay = delay_;
+        shift = token_shift_;
       }
       absl::SleepFor(delay);
       DraftChain chain{.session = session, .from = static_cast<int>(tokens.size())};
@@ -190,6 +199,7 @@ class InProcessDraftChannel : public DraftChannel {
           chain.error = drafts.status();
         }
       }
+      for (int32_t& token : chain.tokens) token += shift;
       std::vector<DraftChain> send;
       {
         absl::MutexLock lock(&mu_);
@@ -227,6 +237,7 @@ class InProcessDraftChannel : public DraftChannel {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration delay_ ABSL_GUARDED_BY(mu_);
+  int32_t token_shift_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 
