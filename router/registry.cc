@@ -20,6 +20,7 @@ std::string EncodeWorkerRecord(const WorkerRecord& record) {
       {"model", record.model},
       {"modes", record.modes},
       {"max_context", record.max_context},
+      {"target", record.target},
       {"load",
        {{"running", record.running},
         {"queued", record.queued},
@@ -49,6 +50,7 @@ absl::StatusOr<WorkerRecord> DecodeWorkerRecord(std::string_view text) {
     record.model = json.value("model", std::string());
     record.modes = json.value("modes", std::vector<std::string>());
     record.max_context = json.value("max_context", 0);
+    record.target = json.value("target", std::string());
     if (json.contains("load") && json["load"].is_object()) {
       const nlohmann::json& load = json["load"];
       record.running = load.value("running", 0);
@@ -124,18 +126,23 @@ RegistryView::Changes RegistryView::Apply(const std::vector<WorkerRecord>& recor
   return changes;
 }
 
-std::string RegistryView::PickDrafter() {
+std::string RegistryView::PickDrafter(const std::string& model) {
   absl::MutexLock lock(&mu_);
   const size_t n = drafters_.size();
   const WorkerRecord* best = nullptr;
   size_t best_index = 0;
+  bool best_built_for_it = false;
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (next_drafter_ + k) % n;
     const WorkerRecord& drafter = drafters_[i];
     if (drafter.draining) continue;
-    if (best == nullptr || drafter.running < best->running) {
+    if (!drafter.target.empty() && drafter.target != model) continue;  // another model's
+    const bool built_for_it = !drafter.target.empty();
+    if (best == nullptr || built_for_it > best_built_for_it ||
+        (built_for_it == best_built_for_it && drafter.running < best->running)) {
       best = &drafter;
       best_index = i;
+      best_built_for_it = built_for_it;
     }
   }
   if (best == nullptr) return std::string();

@@ -36,6 +36,10 @@ struct WorkerRecord {
   std::string model;
   std::vector<std::string> modes;
   int max_context = 0;
+  // Drafter: the model it drafts for, when it is built for one: a DFlash drafter's target, or
+  // the model itself for a drafter hosting a tri-mode target (mask drafts, split
+  // self-speculation). Empty: a generic drafter (a small model sharing the target's tokenizer).
+  std::string target;
   // Load when the record was written.
   int running = 0;
   int queued = 0;
@@ -67,9 +71,10 @@ class RegistryView {
   // called while the registry cannot be read: the last view stands.
   Changes Apply(const std::vector<WorkerRecord>& records);
 
-  // A registered drafter that is not draining, the least busy, rotating among equals; "" when
-  // there is none.
-  std::string PickDrafter();
+  // A registered drafter for a request to `model` that is not draining: one built for `model`
+  // (its `target`) when there is one, else a generic one; never one built for another model.
+  // The least busy of those, rotating among equals; "" when there is none.
+  std::string PickDrafter(const std::string& model);
   std::vector<std::string> Drafters() const;
 
  private:

@@ -184,7 +184,12 @@ int Run(const std::string& model_dir, const std::string& target_dir,
         {.redis = registry_flags.redis,
          .auth = registry_flags.auth,
          .snapshot =
-             [worker_id, advertise, model = ModelId(model_dir), engine = engine->get()] {
+             [worker_id, advertise, model = ModelId(model_dir), engine = engine->get(),
+              // The model it drafts for: a DFlash drafter's target, or its own model when it
+              // drafts with that model's mask rows (split self-speculation); generic otherwise.
+              target = dflash                           ? ModelId(target_dir)
+                       : engine_options.mask_drafts > 0 ? ModelId(model_dir)
+                                                        : std::string()] {
                const tandem::DraftEngineStats stats = engine->Stats();
                return tandem::router::WorkerRecord{
                    .role = "drafter",
@@ -193,6 +198,7 @@ int Run(const std::string& model_dir, const std::string& target_dir,
                    .model = model,
                    .modes = {engine->drafting()},
                    .max_context = engine->model_config().max_position_embeddings,
+                   .target = target,
                    .running = stats.sessions,
                    .kv_usage_ratio = stats.kv_usage_ratio};
              },

@@ -171,7 +171,9 @@ int main(int argc, char** argv) {
     watcher = *std::move(created);
     watcher->Start();
     if (options.drafter.empty()) {
-      options.pick_drafter = [&registry] { return registry.PickDrafter(); };
+      options.pick_drafter = [&registry](const std::string& model) {
+        return registry.PickDrafter(model);
+      };
     }
   }
   tandem::VerifierMonitor monitor(&pool, &stubs);

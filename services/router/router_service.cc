@@ -403,8 +403,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RouterService::Generate(
   if (!upstream.request().sampling().has_seed()) {
     upstream.mutable_request()->mutable_sampling()->set_seed(NewSeed());
   }
-  upstream.set_drafter(options_.drafter.empty() && options_.pick_drafter ? options_.pick_drafter()
-                                                                         : options_.drafter);
+  upstream.set_drafter(options_.drafter.empty() && options_.pick_drafter
+                           ? options_.pick_drafter(model->id)
+                           : options_.drafter);
   ChooseMode(*verifier, &upstream);
 
   const RelayEnv env{.pool = pool_,

@@ -50,9 +50,10 @@ struct RouterOptions {
   std::string drafter;  // drafter address sent to verifiers (VerifyRequest.drafter); "" = theirs
   int max_in_flight = 256;  // Generate calls in flight at most; more are RESOURCE_EXHAUSTED
   int max_migrations = 3;   // times one call may move to another verifier; then its error stands
-  // When `drafter` is empty: a drafter address for each request (e.g. from the registry); "" =
-  // the verifier's own. Called on gRPC threads; must be thread-safe and must not block.
-  std::function<std::string()> pick_drafter;
+  // When `drafter` is empty: a drafter address for each request, given the request's model id
+  // (e.g. from the registry); "" = the verifier's own. Called on gRPC threads; must be
+  // thread-safe and must not block.
+  std::function<std::string(const std::string& model)> pick_drafter;
   // When enabled, Generation calls must carry `authorization: Bearer KEY` metadata.
   ApiKeys api_keys;
   // Request metrics and mode decisions (not owned; null = none). Must outlive every call.

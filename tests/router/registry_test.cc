@@ -38,6 +38,11 @@ TEST(WorkerRecordTest, RoundTripsThroughJson) {
   EXPECT_EQ(decoded->queued, 2);
   EXPECT_DOUBLE_EQ(decoded->kv_usage_ratio, 0.25);
   EXPECT_TRUE(decoded->draining);
+  WorkerRecord drafter = Drafter("d1", "10.0.0.2:7001", 0);
+  drafter.target = "m";
+  absl::StatusOr<WorkerRecord> decoded_drafter = DecodeWorkerRecord(EncodeWorkerRecord(drafter));
+  ASSERT_TRUE(decoded_drafter.ok()) << decoded_drafter.status();
+  EXPECT_EQ(decoded_drafter->target, "m");
 }
 
 TEST(WorkerRecordTest, MalformedRecordsSayWhatIsWrong) {
@@ -110,11 +115,11 @@ TEST(RegistryViewTest, RetiredVerifiersAreOutOfModelsAndAcquire) {
 TEST(RegistryViewTest, PicksTheLeastBusyDrafterThatIsNotDraining) {
   VerifierPool pool({});
   RegistryView view(&pool);
-  EXPECT_EQ(view.PickDrafter(), "");
+  EXPECT_EQ(view.PickDrafter("m"), "");
   WorkerRecord draining = Drafter("d0", "d0:1", 0);
   draining.draining = true;
   view.Apply({draining, Drafter("d1", "d1:1", 5), Drafter("d2", "d2:1", 1)});
-  EXPECT_EQ(view.PickDrafter(), "d2:1");
+  EXPECT_EQ(view.PickDrafter("m"), "d2:1");
   EXPECT_EQ(view.Drafters().size(), 3u);
   // Drafters missing from a listing are kept for a few (a registry that lost its data has them
   // back within a heartbeat), then dropped.
@@ -126,7 +131,7 @@ TEST(RegistryViewTest, PicksTheLeastBusyDrafterThatIsNotDraining) {
   }
   changes = view.Apply({Drafter("d1", "d1:1", 5)});
   EXPECT_EQ(changes.removed, (std::vector<std::string>{"drafter d0:1", "drafter d2:1"}));
-  EXPECT_EQ(view.PickDrafter(), "d1:1");
+  EXPECT_EQ(view.PickDrafter("m"), "d1:1");
   // One that comes back in time is never dropped.
   view.Apply({Drafter("d1", "d1:1", 5), Drafter("d2", "d2:1", 1)});
   for (int listing = 1; listing < kDrafterAbsentListings; ++listing) {
@@ -135,6 +140,30 @@ TEST(RegistryViewTest, PicksTheLeastBusyDrafterThatIsNotDraining) {
   changes = view.Apply({Drafter("d1", "d1:1", 5), Drafter("d2", "d2:1", 1)});
   EXPECT_TRUE(changes.removed.empty());
   EXPECT_EQ(view.Drafters().size(), 2u);
+}
+
+// A drafter built for a model (a DFlash drafter's target, or a drafter hosting the tri-mode
+// target itself) serves that model's requests first and never another model's; a generic one
+// serves any model that has none of its own.
+TEST(RegistryViewTest, PicksADrafterBuiltForTheRequestsModelFirst) {
+  VerifierPool pool({});
+  RegistryView view(&pool);
+  WorkerRecord for_a = Drafter("da", "da:1", 7);
+  for_a.target = "a";
+  WorkerRecord for_b = Drafter("db", "db:1", 0);
+  for_b.target = "b";
+  view.Apply({for_a, for_b, Drafter("g", "g:1", 0)});
+  EXPECT_EQ(view.PickDrafter("a"), "da:1");  // built for it, though busier than the generic one
+  EXPECT_EQ(view.PickDrafter("b"), "db:1");
+  EXPECT_EQ(view.PickDrafter("c"), "g:1");  // none built for it: the generic one
+  // Without a generic drafter, a model with none of its own gets none (not another model's).
+  view.Apply({for_a, for_b});
+  for (int listing = 0; listing < kDrafterAbsentListings; ++listing) view.Apply({for_a, for_b});
+  EXPECT_EQ(view.PickDrafter("c"), "");
+  // A draining one is skipped even when built for the model.
+  for_a.draining = true;
+  view.Apply({for_a, for_b, Drafter("g", "g:1", 3)});
+  EXPECT_EQ(view.PickDrafter("a"), "g:1");
 }
 
 // Redis restarted empty: the listing is empty until the workers' next heartbeats. Answering
@@ -154,7 +183,7 @@ TEST(RegistryViewTest, AnEmptiedRegistryKeepsAnsweringVerifiersInService) {
     absl::StatusOr<size_t> acquired = pool.Acquire("m", "ar");
     ASSERT_TRUE(acquired.ok()) << acquired.status();
     pool.Release(*acquired);
-    EXPECT_EQ(view.PickDrafter(), "d:1");
+    EXPECT_EQ(view.PickDrafter("m"), "d:1");
   }
   // The heartbeats register them again: nothing was ever removed, so nothing is added.
   RegistryView::Changes back =
