@@ -237,6 +237,10 @@ ServiceMetrics::ServiceMetrics(MetricsRole role)
       migrations_->Add({{"reason", reason}});
     }
     worker_up_ = r.Gauges("tandem_worker_up", "1 when the worker answers its health poll");
+    http_closed_ = r.Counters("tandem_http_connections_closed_total",
+                              "HTTP connections the router closed (request_timeout: no whole "
+                              "request within --http-request-timeout)");
+    http_closed_->Add({{"reason", "request_timeout"}});
     prefix_affinity_ = r.Counters(
         "tandem_prefix_affinity_total",
         "Requests long enough for prefix affinity, by where they went (followed, overridden, "
@@ -445,6 +449,12 @@ void ServiceMetrics::AddPrefixAffinity(const std::string& result) {
 
 void ServiceMetrics::SetWorkerUp(const std::string& worker, const std::string& role, bool up) {
   if (worker_up_ != nullptr) worker_up_->Add({{"worker", worker}, {"role", role}}).Set(up ? 1 : 0);
+}
+
+void ServiceMetrics::AddHttpConnectionsClosed(const std::string& reason, int64_t count) {
+  if (http_closed_ != nullptr && count > 0) {
+    http_closed_->Add({{"reason", reason}}).Increment(static_cast<double>(count));
+  }
 }
 
 void ServiceMetrics::SetDrafterSessions(int64_t sessions) {

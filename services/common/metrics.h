@@ -109,6 +109,9 @@ class ServiceMetrics {
   // prefix), "overridden" (that verifier was too loaded) or "unknown" (no verifier known).
   void AddPrefixAffinity(const std::string& result);
   void SetWorkerUp(const std::string& worker, const std::string& role, bool up);
+  // HTTP connections the router closed: `reason` request_timeout (no whole request within
+  // --http-request-timeout).
+  void AddHttpConnectionsClosed(const std::string& reason, int64_t count);
 
   // Verifier and drafter: a Draft stream's hidden-state transport settled (`transport`: bytes,
   // nccl, or failed when NCCL was required and impossible; a stream that falls back from nccl
@@ -167,6 +170,7 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Counter>* migrations_ = nullptr;
   prometheus::Family<prometheus::Counter>* prefix_affinity_ = nullptr;
   prometheus::Family<prometheus::Gauge>* worker_up_ = nullptr;
+  prometheus::Family<prometheus::Counter>* http_closed_ = nullptr;
   prometheus::Gauge* drafter_sessions_ = nullptr;
   prometheus::Counter* drafter_forwards_ = nullptr;
   prometheus::Counter* drafter_branches_ = nullptr;

@@ -532,7 +532,8 @@ absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(
   front->address_ =
       absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", bound);
   if (front->options_.request_timeout > absl::ZeroDuration()) {
-    front->deadline_ = std::make_unique<RequestDeadline>(bound, front->options_.request_timeout);
+    front->deadline_ = std::make_unique<RequestDeadline>(bound, front->options_.request_timeout,
+                                                         front->options_.on_request_timeout);
     handlers->set_deadline(front->deadline_.get());
   }
   front->listener_ = std::thread([&server] { server.listen_after_bind(); });

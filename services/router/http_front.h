@@ -59,6 +59,8 @@ struct HttpFrontOptions {
   int max_connections = 1024;
   // The time a connection has to send each request (headers and body); zero: no limit.
   absl::Duration request_timeout = absl::Seconds(60);
+  // Called (on the deadline's thread) for each connection closed for missing request_timeout.
+  std::function<void()> on_request_timeout;
 };
 
 class HttpFront {

@@ -235,6 +235,9 @@ int main(int argc, char** argv) {
             },
         .max_connections = http_max_connections,
         .request_timeout = absl::Seconds(http_request_timeout),
+        // `metrics` outlives the front.
+        .on_request_timeout =
+            [&metrics] { metrics.AddHttpConnectionsClosed("request_timeout", 1); },
     };
     // HTTP requests take the gRPC clients' path: the same service, in process.
     auto front = tandem::HttpFront::Start(

@@ -62,9 +62,11 @@ int DuplicateIfSame(int fd, uint64_t inode) {
 
 }  // namespace
 
-RequestDeadline::RequestDeadline(int port, absl::Duration timeout, absl::Duration period)
+RequestDeadline::RequestDeadline(int port, absl::Duration timeout, std::function<void()> on_expired,
+                                 absl::Duration period)
     : port_(port),
       timeout_(timeout),
+      on_expired_(std::move(on_expired)),
       period_(period > absl::ZeroDuration() ? period : std::min(timeout / 4, absl::Seconds(1))),
       thread_([this] { Run(); }) {}
 
@@ -145,6 +147,7 @@ void RequestDeadline::Scan(absl::Time now) {
     const int copy = DuplicateIfSame(fd, inode);
     if (copy < 0) continue;
     expired_.fetch_add(1, std::memory_order_relaxed);  // before the client can see the close
+    if (on_expired_) on_expired_();
     shutdown(copy, SHUT_RDWR);
     close(copy);
   }

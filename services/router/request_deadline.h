@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -33,9 +34,11 @@ namespace tandem {
 
 class RequestDeadline {
  public:
-  // Watches the connections whose local port is `port`; a period of zero picks a quarter of the
-  // timeout, at most a second.
-  RequestDeadline(int port, absl::Duration timeout, absl::Duration period = absl::ZeroDuration());
+  // Watches the connections whose local port is `port`, calling `on_expired` (when set, on the
+  // watch's thread) for each one it shuts down; a period of zero picks a quarter of the timeout,
+  // at most a second.
+  RequestDeadline(int port, absl::Duration timeout, std::function<void()> on_expired = nullptr,
+                  absl::Duration period = absl::ZeroDuration());
   ~RequestDeadline();
   RequestDeadline(const RequestDeadline&) = delete;
   RequestDeadline& operator=(const RequestDeadline&) = delete;
@@ -75,6 +78,7 @@ class RequestDeadline {
 
   const int port_;
   const absl::Duration timeout_;
+  const std::function<void()> on_expired_;
   const absl::Duration period_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,6 +3,12 @@
 // `spec` and `auto` through the router, scrapes each service's /metrics over HTTP and checks
 // names, types, labels, that the request metrics moved and that the auto request got a policy
 // decision.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -147,8 +153,10 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
 
   // The spec request must verify drafts for the draft metrics to exist: its steps wait for them
   // (on a loaded machine late drafts would otherwise make every step an AR step).
-  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
-      Cluster::Start({.metrics = true, .verifier_flags = {"--draft-timeout-ms", "5000"}});
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Start(
+      {.metrics = true,
+       .router_flags = {"--http-listen", "127.0.0.1:0", "--http-request-timeout", "1"},
+       .verifier_flags = {"--draft-timeout-ms", "5000"}});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::map<std::string, std::string> endpoints;  // service label -> metrics address
   for (auto [service, child] :
@@ -183,6 +191,30 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
   ASSERT_TRUE(automatic.status.ok()) << automatic.status.error_message();
   StreamResult rejected = Generate((*cluster)->generation(), Greedy("x", "no-such-mode", 12));
   ASSERT_EQ(rejected.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // An HTTP client that sends half a request and then a byte every 200 ms: the router closes it
+  // after its 1 s request timeout, and counts it.
+  {
+    std::optional<std::string> http = (*cluster)->router()->HttpAddress();
+    ASSERT_TRUE(http.has_value());
+    const size_t colon = http->rfind(':');
+    int port = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(http->substr(colon + 1), &port));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    bool closed = send(fd, head.data(), head.size(), MSG_NOSIGNAL) < 0;
+    for (int i = 0; i < 50 && !closed; ++i) {
+      pollfd poll_fd{.fd = fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+      closed = poll(&poll_fd, 1, 200) > 0 || send(fd, "a", 1, MSG_NOSIGNAL) != 1;
+    }
+    close(fd);
+    EXPECT_TRUE(closed) << "the router kept a trickling HTTP client past its request timeout";
+  }
 
   std::map<std::string, Scrape> scrapes;
   std::map<std::string, std::string> exported;  // name -> type, all services together
@@ -264,6 +296,8 @@ TEST(MetricsTest, EveryServiceExportsTheDocumentedMetrics) {
       1);
   EXPECT_EQ(Sum(router, "tandem_mode_decisions_total", {{"mode", "spec"}, {"reason", "pinned"}}),
             2);
+  EXPECT_EQ(Sum(router, "tandem_http_connections_closed_total", {{"reason", "request_timeout"}}),
+            1);
   EXPECT_EQ(Sum(router, "tandem_worker_up",
                 {{"worker", (*cluster)->verifier_address()}, {"role", "verifier"}}),
             1);

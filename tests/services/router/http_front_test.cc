@@ -131,7 +131,8 @@ class HttpFrontTest : public ::testing::Test {
                                    .api_keys = ApiKeys(keys),
                                    .ready = [this] { return ready_.load(); },
                                    .max_connections = 64,
-                                   .request_timeout = request_timeout},
+                                   .request_timeout = request_timeout,
+                                   .on_request_timeout = [this] { ++timeouts_; }},
                                   server_->InProcessChannel(grpc::ChannelArguments()));
     ASSERT_TRUE(front.ok()) << front.status();
     front_ = std::move(*front);
@@ -198,6 +199,7 @@ class HttpFrontTest : public ::testing::Test {
   std::unique_ptr<HttpFront> front_;
   std::unique_ptr<httplib::Client> client_;
   std::atomic<bool> ready_{true};
+  std::atomic<int> timeouts_{0};  // on_request_timeout calls
 };
 
 TEST_F(HttpFrontTest, CompletionWhole) {
@@ -520,6 +522,7 @@ TEST_F(HttpFrontTest, ARequestTrickledPastTheTimeoutIsClosed) {
   EXPECT_GE(elapsed.count(), 900);
   EXPECT_LT(elapsed.count(), 4000);
   EXPECT_EQ(front_->requests_timed_out(), 1);
+  EXPECT_EQ(timeouts_, 1);  // the router's metric counts through this
   close(fd);
   auto whole = Post("/v1/completions", R"({"prompt": "hi"})");
   ASSERT_TRUE(whole);
