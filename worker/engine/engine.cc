@@ -41,11 +41,14 @@ void Engine::Impl::HandleMessages(std::vector<EngineMessage> messages) {
       auto it = live_.find(cancel->id);
       if (it != live_.end()) it->second->cancel_requested = true;
     } else if (auto* chain = std::get_if<engine_message::Chain>(&message)) {
+      // The drafter is back: wait for it again, even when the chain's sequence has ended (a
+      // short request can end before its first chain comes, and the next ones must not be
+      // left to decode without drafts because of it).
+      if (chain->chain.error.ok()) late_steps_[chain->drafter] = 0;
       auto it = live_.find(chain->chain.session);
       if (it == live_.end() || !it->second->spec) continue;
       RefuseForeignTokens(*it->second, chain->chain);
       it->second->chain.Merge(std::move(chain->chain), it->second->tokens);
-      late_steps_[it->second->drafter_address] = 0;  // the drafter is back: wait for it again
     }
     // Drain: the flag is already set; the message only wakes the loop.
   }

@@ -40,9 +40,11 @@ void Engine::Impl::OpenSessions(const std::vector<SeqPtr>& candidates) {
     std::shared_ptr<DraftChannel>& channel = channels_[seq->drafter_address];
     if (channel == nullptr || !channel->healthy()) {
       std::weak_ptr<EngineMailbox> mailbox = mailbox_;
-      absl::StatusOr<std::unique_ptr<DraftChannel>> made =
-          drafters_(seq->drafter_address, [mailbox](DraftChain chain) {
-            if (auto box = mailbox.lock()) box->Post(engine_message::Chain{std::move(chain)});
+      absl::StatusOr<std::unique_ptr<DraftChannel>> made = drafters_(
+          seq->drafter_address, [mailbox, address = seq->drafter_address](DraftChain chain) {
+            if (auto box = mailbox.lock()) {
+              box->Post(engine_message::Chain{.chain = std::move(chain), .drafter = address});
+            }
           });
       if (!made.ok()) {
         channel = nullptr;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct Cancel {
 };
 struct Chain {
   DraftChain chain;
+  std::string drafter;  // the address of the drafter that sent it
 };
 struct Drain {};
 

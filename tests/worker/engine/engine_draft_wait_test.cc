@@ -25,11 +25,11 @@ constexpr absl::Duration kDraftDelay = absl::Milliseconds(60);
 
 class EngineDraftWaitTest : public testing::BundledModelTest {
  protected:
-  std::unique_ptr<Engine> MakeEngine() {
+  // Far above the delay by default: every chain is waited for, none is late.
+  std::unique_ptr<Engine> MakeEngine(absl::Duration draft_timeout = absl::Seconds(5)) {
     EngineOptions options;
     options.default_drafter = kDrafter;
-    // Far above the delay: every chain is waited for, none is late.
-    options.draft_timeout = absl::Seconds(5);
+    options.draft_timeout = draft_timeout;
     absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
         model_, options,
         [](const std::string& address,
@@ -38,6 +38,7 @@ class EngineDraftWaitTest : public testing::BundledModelTest {
           auto channel = std::make_unique<InProcessDraftChannel>(model_->model.get(), 512,
                                                                  std::move(on_chain));
           channel->set_delay(kDraftDelay);
+          channel_ = channel.get();
           return channel;
         });
     EXPECT_TRUE(engine.ok()) << engine.status();
@@ -50,7 +51,7 @@ class EngineDraftWaitTest : public testing::BundledModelTest {
   };
 
   // Streams of `modes` over prompts 0, 1, ... (a mode's k-th stream takes prompt k).
-  Run Submit(Engine& engine, const std::vector<std::string>& modes) {
+  Run Submit(Engine& engine, const std::vector<std::string>& modes, int tokens = kTokens) {
     Run run;
     std::vector<int> prompt_of_mode(modes.size());
     const absl::Time start = absl::Now();
@@ -61,7 +62,7 @@ class EngineDraftWaitTest : public testing::BundledModelTest {
       r.prompt_ids = (*prompts_)[prompt];
       r.mode = modes[i];
       r.mode_options.spec_gamma = 3;
-      r.max_tokens = kTokens;
+      r.max_tokens = tokens;
       r.ignore_eos = true;
       run.sinks.push_back(std::make_shared<CollectingSink>());
       EXPECT_TRUE(engine.Submit(std::move(r), run.sinks.back()).ok());
@@ -73,6 +74,8 @@ class EngineDraftWaitTest : public testing::BundledModelTest {
     }
     return run;
   }
+
+  static inline InProcessDraftChannel* channel_ = nullptr;  // the engine's one drafter
 };
 
 // Before: every step waited for the spec sequences' chains, so each ar token cost the drafter's
@@ -109,6 +112,33 @@ TEST_F(EngineDraftWaitTest, ASlowDrafterDoesNotSlowArSequencesInTheSameBatch) {
   // The spec sequences' verify rows make the shared steps a little longer; waiting for their
   // chains would add the delay to every step.
   EXPECT_LT(beside_ar, 2 * alone_ar + kTokens / 4 * kDraftDelay);
+}
+
+// A drafter whose chains come late several steps in a row is not waited for until one comes. A
+// chain that comes after its sequence ended shows the drafter back too: before, only a chain for
+// a live sequence did, so once a slow spell had passed, short requests (each over before its
+// first chain came) kept decoding without drafts for good.
+TEST_F(EngineDraftWaitTest, AChainForAnEndedSequenceStillShowsTheDrafterIsBack) {
+  auto engine = MakeEngine(/*draft_timeout=*/absl::Milliseconds(300));
+  ASSERT_NE(engine, nullptr);
+  constexpr int kShort = 6;
+  // A slow spell: every chain comes after its step gave up on it, and after the request ended.
+  Submit(*engine, {"spec"}, kShort);
+  ASSERT_NE(channel_, nullptr);
+  channel_->set_delay(absl::Milliseconds(1500));
+  const Run slow = Submit(*engine, {"spec"}, kShort);
+  EXPECT_EQ(slow.sinks[0]->usage().drafted, 0);
+  absl::SleepFor(absl::Milliseconds(1000));  // its chain comes now, to an ended sequence
+  // The drafter answers within the timeout again, but later than a short request takes when it
+  // does not wait: short requests must wait for its chains to draft.
+  channel_->set_delay(absl::Milliseconds(100));
+  int drafted = 0;
+  for (int i = 0; i < 3; ++i) {
+    const Run fast = Submit(*engine, {"spec"}, kShort);
+    drafted += fast.sinks[0]->usage().drafted;
+    EXPECT_EQ(fast.sinks[0]->tokens(), slow.sinks[0]->tokens());
+  }
+  EXPECT_GT(drafted, 0);
 }
 
 }  // namespace
