@@ -45,23 +45,29 @@ bool ConnectedEnds(int fd, SocketEnds* ends) {
   return HostPort(address, length, &ends->remote_addr, &ends->remote_port);
 }
 
-int FindConnectionSocket(const std::string& local_addr, int local_port,
-                         const std::string& remote_addr, int remote_port) {
+void ForEachConnectedSocket(const std::function<bool(int fd, const SocketEnds& ends)>& visit) {
   DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
+  if (dir == nullptr) return;
   SocketEnds ends;
   while (const dirent* entry = readdir(dir)) {
     int fd = -1;
     if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == dirfd(dir)) continue;
-    if (ConnectedEnds(fd, &ends) && ends.local_port == local_port &&
-        ends.remote_port == remote_port && ends.local_addr == local_addr &&
-        ends.remote_addr == remote_addr) {
-      found = fd;
-      break;
-    }
+    if (ConnectedEnds(fd, &ends) && !visit(fd, ends)) break;
   }
   closedir(dir);
+}
+
+int FindConnectionSocket(const std::string& local_addr, int local_port,
+                         const std::string& remote_addr, int remote_port) {
+  int found = -1;
+  ForEachConnectedSocket([&](int fd, const SocketEnds& ends) {
+    if (ends.local_port == local_port && ends.remote_port == remote_port &&
+        ends.local_addr == local_addr && ends.remote_addr == remote_addr) {
+      found = fd;
+      return false;
+    }
+    return true;
+  });
   return found;
 }
 

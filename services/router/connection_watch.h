@@ -36,6 +36,10 @@ struct SocketEnds {
 };
 bool ConnectedEnds(int fd, SocketEnds* ends);
 
+// Calls `visit(fd, ends)` for each of this process's connected TCP sockets (from /proc/self/fd)
+// until it returns false.
+void ForEachConnectedSocket(const std::function<bool(int fd, const SocketEnds& ends)>& visit);
+
 // The descriptor of this process's TCP socket whose local end is local_addr:local_port and
 // whose peer is remote_addr:remote_port (numeric hosts, as cpp-httplib's Request holds them),
 // or -1 when there is none.

@@ -1,6 +1,5 @@
 #include "services/router/request_deadline.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "services/router/connection_watch.h"
 
@@ -32,20 +30,15 @@ struct Found {
 // This process's connected sockets whose local port is `port`.
 std::vector<Found> ConnectionsOn(int port) {
   std::vector<Found> found;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return found;
-  SocketEnds ends;
-  while (const dirent* entry = readdir(dir)) {
-    int fd = -1;
-    if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == dirfd(dir)) continue;
-    if (!ConnectedEnds(fd, &ends) || ends.local_port != port) continue;
+  ForEachConnectedSocket([&](int fd, const SocketEnds& ends) {
     struct stat st {};
-    if (fstat(fd, &st) != 0) continue;
-    found.push_back(
-        Found{fd, static_cast<uint64_t>(st.st_ino),
-              KeyOf(ends.local_addr, ends.local_port, ends.remote_addr, ends.remote_port)});
-  }
-  closedir(dir);
+    if (ends.local_port == port && fstat(fd, &st) == 0) {
+      found.push_back(
+          Found{fd, static_cast<uint64_t>(st.st_ino),
+                KeyOf(ends.local_addr, ends.local_port, ends.remote_addr, ends.remote_port)});
+    }
+    return true;
+  });
   return found;
 }
 
