@@ -2,8 +2,11 @@
 # The main job on the bundled default: set-up, build if needed, start a local cluster (`tandem
 # up`: drafter, verifier and router as separate processes), send it a sample prompt through the
 # router with `tandem generate --server`, print the streamed completion, stop the cluster.
+# Decoding is greedy with a repetition penalty of 1.2 (plain greedy, --repetition-penalty 1,
+# loops on the small bundled model).
 #
-#   scripts/run.sh [--prompt TEXT] [--max-tokens N] [--mode MODE] [--build-dir DIR]
+#   scripts/run.sh [--prompt TEXT] [--max-tokens N] [--mode MODE] [--repetition-penalty P]
+#                  [--build-dir DIR]
 #
 set -euo pipefail
 
@@ -12,13 +15,15 @@ build="$repo/build"
 prompt='def fibonacci(n):'
 max_tokens=96
 mode=auto
+repetition_penalty=1.2
 while (($# > 0)); do
   case "$1" in
     --prompt) prompt="$2"; shift 2 ;;
     --max-tokens) max_tokens="$2"; shift 2 ;;
     --mode) mode="$2"; shift 2 ;;
+    --repetition-penalty) repetition_penalty="$2"; shift 2 ;;
     --build-dir) build="$(realpath -m "$2")"; shift 2 ;;
-    -h | --help) sed -n '2,7s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -66,7 +71,8 @@ fi
 grep '^tandem up: ' "$work/up.out" | grep -v Ctrl-C || true
 
 echo "run: prompt: $prompt"
-"$tandem" generate --server "$router" --mode "$mode" --max-tokens "$max_tokens" "$prompt"
+"$tandem" generate --server "$router" --mode "$mode" --max-tokens "$max_tokens" \
+  --repetition-penalty "$repetition_penalty" "$prompt"
 
 echo "run: stopping the cluster"
 kill -TERM "$cluster_pid"

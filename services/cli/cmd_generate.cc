@@ -38,6 +38,9 @@ struct GenerateArgs {
   float top_p = 1.0f;
   float min_p = 0.0f;
   uint64_t seed = 0;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
   std::vector<std::string> stop;
   bool chat = false;
   bool json = false;
@@ -110,6 +113,9 @@ int RunGenerate(const GenerateArgs& args) {
                       .top_p = args.top_p,
                       .min_p = args.min_p,
                       .seed = args.seed};
+  options.adjust.presence_penalty = args.presence_penalty;
+  options.adjust.frequency_penalty = args.frequency_penalty;
+  options.adjust.repetition_penalty = args.repetition_penalty;
   options.stop_strings = args.stop;
   options.chat = args.chat;
   LocalGenerator generator(&*loaded);
@@ -196,6 +202,9 @@ int RunRemoteGenerate(const GenerateArgs& args) {
   sampling->set_top_p(args.top_p);
   sampling->set_min_p(args.min_p);
   if (args.seed_set) sampling->set_seed(args.seed);
+  sampling->set_presence_penalty(args.presence_penalty);
+  sampling->set_frequency_penalty(args.frequency_penalty);
+  sampling->set_repetition_penalty(args.repetition_penalty);
   for (const std::string& stop : args.stop) request.add_stop(stop);
 
   const absl::Time start = absl::Now();
@@ -364,6 +373,16 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
   cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass; 1 = off");
   cmd->add_option("--min-p", args->min_p, "Drop tokens below min-p times the top probability");
   CLI::Option* seed = cmd->add_option("--seed", args->seed, "Seed of the counter-based sampler");
+  cmd->add_option("--presence-penalty", args->presence_penalty,
+                  "Subtracted once from the logit of each token already generated; [-2, 2]")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", args->frequency_penalty,
+                  "Subtracted from a token's logit per time it was generated; [-2, 2]")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", args->repetition_penalty,
+                  "Divides the (positive) logits of prompt and generated tokens, multiplies "
+                  "negative ones; 1 = off, (0, 10]")
+      ->capture_default_str();
   cmd->add_option("--stop", args->stop, "Stop string (repeatable)");
   cmd->add_flag("--chat", args->chat, "Wrap the prompt as a user turn of the ChatML template");
   cmd->add_flag("--json", args->json,

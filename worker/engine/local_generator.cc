@@ -112,6 +112,7 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   RunOptions run;
   run.max_tokens = max_tokens;
   run.sampling = options.sampling;
+  run.adjust = options.adjust;
   run.on_token = [&](int32_t token) {
     if (first_token) {
       first_token = false;

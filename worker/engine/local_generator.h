@@ -14,6 +14,7 @@
 #include "worker/decoding/modes.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/transformer.h"
+#include "worker/sampling/logit_adjust.h"
 #include "worker/sampling/sampling.h"
 #include "worker/sampling/stop.h"
 #include "worker/template/chat_template.h"
@@ -29,6 +30,9 @@ struct GenerateOptions {
   ModeOptions mode_options;
   int max_tokens = 128;
   SamplingParams sampling;
+  // Penalties and logit bias (the API's; min_tokens is not offered here), checked like the
+  // engine checks a request's.
+  LogitAdjust adjust;
   std::vector<std::string> stop_strings;
   std::vector<int32_t> extra_stop_token_ids;  // besides the model's EOS ids
   bool chat = false;  // the prompt is a user turn: the chat template (or ChatML) wraps it

@@ -2,6 +2,9 @@
 // against full recomputation, limits, stop strings, seeds and input errors.
 #include "worker/engine/local_generator.h"
 
+#include <map>
+#include <set>
+
 #include "gtest/gtest.h"
 #include "worker/model/weights.h"
 
@@ -31,7 +34,10 @@ class LocalGeneratorTest : public ::testing::Test {
   }
 
   // Greedy next token by re-running the whole sequence without reusing any cache.
-  int32_t RecomputeArgmax(const std::vector<int32_t>& seq) {
+  int32_t RecomputeArgmax(const std::vector<int32_t>& seq) { return Argmax(RecomputeLogits(seq)); }
+
+  // The last position's logits, by re-running the whole sequence without reusing any cache.
+  std::vector<float> RecomputeLogits(const std::vector<int32_t>& seq) {
     KvCache kv(loaded_.model->KvOptions(static_cast<int64_t>(seq.size())));
     EXPECT_TRUE(kv.AddSequence(1).ok());
     EXPECT_TRUE(kv.Reserve(1, static_cast<int>(seq.size())).has_value());
@@ -41,7 +47,8 @@ class LocalGeneratorTest : public ::testing::Test {
     Extend e{.seq = 1, .tokens = seq, .positions = pos, .outputs = out};
     auto r = loaded_.model->Forward({&e, 1}, kv);
     EXPECT_TRUE(r.ok());
-    return Argmax((*r)[0].logits);
+    const auto& logits = (*r)[0].logits;
+    return std::vector<float>(logits.begin(), logits.end());
   }
 
   LoadedModel loaded_;
@@ -112,6 +119,47 @@ TEST_F(LocalGeneratorTest, SeededSamplingIsReproducible) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(a->tokens, b->tokens);
   EXPECT_NE(a->tokens, c->tokens);
+}
+
+// The penalties act as the API defines them (repetition over prompt and output, then frequency
+// and presence over the output), and a lossless mode stays exact with them on.
+TEST_F(LocalGeneratorTest, PenaltiesShapeGreedyDecodingAndLosslessModesFollow) {
+  LocalGenerator gen(&loaded_);
+  GenerateOptions opt;
+  opt.max_tokens = 16;
+  opt.adjust.repetition_penalty = 1.5f;
+  opt.adjust.frequency_penalty = 0.4f;
+  opt.adjust.presence_penalty = 0.3f;
+  auto r = gen.Generate("def main():", opt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> seq = r->prompt_ids;
+  std::map<int32_t, int> generated;
+  for (int32_t token : r->tokens) {
+    std::vector<float> logits = RecomputeLogits(seq);
+    for (int32_t seen : std::set<int32_t>(seq.begin(), seq.end())) {
+      float& l = logits[seen];
+      l = l > 0 ? l / 1.5f : l * 1.5f;
+    }
+    for (const auto& [id, count] : generated) logits[id] -= 0.4f * count + 0.3f;
+    EXPECT_EQ(token, Argmax(logits));
+    seq.push_back(token);
+    ++generated[token];
+  }
+  GenerateOptions plain = opt;
+  plain.adjust = LogitAdjust{};
+  auto unpenalised = gen.Generate("def main():", plain);
+  ASSERT_TRUE(unpenalised.ok());
+  EXPECT_NE(unpenalised->tokens, r->tokens) << "the penalties changed nothing";
+  for (const char* mode : {"jacobi", "spec"}) {
+    GenerateOptions lossless = opt;
+    lossless.mode = mode;
+    lossless.drafter = &loaded_;
+    auto m = gen.Generate("def main():", lossless);
+    ASSERT_TRUE(m.ok()) << mode << ": " << m.status();
+    EXPECT_EQ(m->tokens, r->tokens) << mode;
+  }
+  opt.adjust.repetition_penalty = 0.0f;
+  EXPECT_EQ(gen.Generate("def main():", opt).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(LocalGeneratorTest, BadInputIsInvalidArgument) {
