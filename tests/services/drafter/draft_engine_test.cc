@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/services/drafter/chain_collector.h"
 #include "tests/worker/decoding/tiny_models.h"
@@ -176,7 +177,16 @@ TEST_F(DraftEngineTest, SessionsShareBatchedForwards) {
   Start({.kv_tokens = 8192});
   const int gamma = 3;
   const auto prompts = TestPrompts(64, 8, 21);
-  for (size_t i = 0; i < prompts.size(); ++i) engine_->Open(stream_, 100 + i, prompts[i], gamma);
+  // The engine thread waits in the first chain's callback until every session is open, so that
+  // a descheduled test thread cannot let the first sessions draft alone (flaky under load).
+  auto all_open = std::make_shared<absl::Notification>();
+  const uint64_t gated =
+      engine_->AddStream([all_open, forward = chains_.Callback()](DraftChain chain) {
+        all_open->WaitForNotification();
+        forward(std::move(chain));
+      });
+  for (size_t i = 0; i < prompts.size(); ++i) engine_->Open(gated, 100 + i, prompts[i], gamma);
+  all_open->Notify();
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto chain = chains_.WaitCovered(100 + i, static_cast<int>(prompts[i].size()), 2 * gamma + 1);
     ASSERT_TRUE(chain.has_value());
