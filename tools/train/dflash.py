@@ -771,7 +771,7 @@ the default γ = 4 otherwise; greedy,
 
 TPF: completion tokens per target forward; acc.len: tokens committed per drafting step
 (accepted drafts + 1); seq=AR: outputs equal to AR greedy decoding. tok/s depends on the
-machine (a shared 2-core CPU here), TPF and acceptance do not. Command:
+machine (a shared 2-core CPU here), TPF and acceptance do not. {model_card.AR_NLL_NOTE} Command:
 
 ```sh
 build/services/cli/tandem bench modes --model {bench['model']} --drafter models/{folder.name} \\

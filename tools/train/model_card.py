@@ -52,8 +52,14 @@ def _engine_rows(bench: dict) -> str:
     for r in bench["results"]:
         t = sums.setdefault(r["variant"], {"tokens": 0, "forwards": 0, "drafter_forwards": 0,
                                            "steps": 0, "drafted": 0, "accepted": 0,
-                                           "seconds": 0.0, "exact": 0.0, "prompts": 0})
+                                           "seconds": 0.0, "exact": 0.0, "prompts": 0,
+                                           "nll": 0.0, "nll_known": True})
         t["tokens"] += r["tokens"]
+        # ar_nll is per token of the category's completions: weigh it by their tokens.
+        if "ar_nll" in r:
+            t["nll"] += r["ar_nll"] * r["tokens"]
+        else:
+            t["nll_known"] = False
         t["forwards"] += r["forwards"]
         t["drafter_forwards"] += r["drafter_forwards"]
         t["steps"] += r["steps_with_drafts"]
@@ -64,7 +70,7 @@ def _engine_rows(bench: dict) -> str:
         t["prompts"] += r["prompts"]
     ar_speed = sums["ar"]["tokens"] / sums["ar"]["seconds"] if "ar" in sums else None
     lines = ["| variant | TPF | acc.len | drafts accepted | drafter forwards | tok/s (CPU) | "
-             "speed vs AR | seq=AR |", "|---|---|---|---|---|---|---|---|"]
+             "speed vs AR | seq=AR | AR-NLL |", "|---|---|---|---|---|---|---|---|---|"]
     for name, t in sums.items():
         acc = f"{(t['accepted'] + t['steps']) / t['steps']:.2f}" if t["steps"] else "-"
         rate = f"{t['accepted'] / t['drafted']:.0%}" if t["drafted"] else "-"
@@ -72,8 +78,20 @@ def _engine_rows(bench: dict) -> str:
         lines.append(f"| `{name}` | {t['tokens'] / t['forwards']:.2f} | {acc} | {rate} | "
                      f"{t['drafter_forwards']} | {speed:.0f} | "
                      f"{speed / ar_speed if ar_speed else 0:.2f}x | "
-                     f"{t['exact'] / t['prompts']:.0%} |")
+                     f"{t['exact'] / t['prompts']:.0%} | "
+                     f"{_nll(t)} |")
     return "\n".join(lines)
+
+
+def _nll(t: dict) -> str:
+    """A variant's AR-NLL (nats per completion token), or '-' when bench.json predates it."""
+    return f"{t['nll'] / t['tokens']:.3f}" if t["nll_known"] and t["tokens"] else "-"
+
+
+# What the AR-NLL column means, for the cards that show it.
+AR_NLL_NOTE = ("AR-NLL: the target's AR negative log-likelihood of the completion tokens, nats per "
+               "token (teacher-forced): for a lossy mode, how plausible its text is to the AR model, "
+               "next to the `ar` row (AR greedy's own text).")
 
 
 def _drafter_section(folder: Path, cfg: dict, tr: dict, ev: dict) -> str:
@@ -116,7 +134,7 @@ drafts per step, `spec gamma=N`: N; greedy, {bench['max_tokens']} new tokens per
 TPF: completion tokens per target forward; acc.len: tokens committed per drafting step
 (accepted drafts + 1). TPF, acc.len and seq=AR do not depend on the machine; tok/s does (the
 CPU pays for every drafter forward and for the wider verify extends, and the machine may be
-shared), so read it as indicative only. Command:
+shared), so read it as indicative only. {AR_NLL_NOTE} Command:
 
 ```sh
 {BENCH_COMMAND}
@@ -140,7 +158,7 @@ the prompts of `{bench['prompts_file']}`, {bench['threads']} thread(s); `bench.j
 TPF: completion tokens per forward (every forward counts: prefill, draft and verify);
 acc.len: tokens committed per drafting step; seq=AR: outputs equal to AR greedy decoding
 (lossy modes differ by design). TPF, acc.len and seq=AR do not depend on the machine; tok/s
-does (a shared 2-core CPU here). Command:
+does (a shared 2-core CPU here). {AR_NLL_NOTE} Command:
 
 ```sh
 build/services/cli/tandem bench modes --model models/{folder.name} --modes {','.join(modes)} \\

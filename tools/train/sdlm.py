@@ -224,6 +224,8 @@ def patch_card(text: str, folder, cfg: dict, tr: dict, ev: dict, engine_rows) ->
     import json
     import re
 
+    import model_card  # the AR-NLL note beside engine_rows' column
+
     recipe = tr["recipe"]
     D, L = recipe["block_size"], recipe["seq_len"]
     K = L // D - 1
@@ -313,7 +315,7 @@ prefix decoding at threshold `nsp_tau`) it is lossy.
 
 TPF: completion tokens per forward (every forward counts); acc.len: tokens committed per
 drafting step (for longest prefix decoding every step drafts the block); seq=AR: prompts whose
-output equals AR greedy's. Command:
+output equals AR greedy's. {model_card.AR_NLL_NOTE} Command:
 
 ```sh
 {BENCH_COMMAND}
