@@ -97,7 +97,8 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   }
   const int max_tokens = std::min(options.max_tokens, context - prompt_len);
 
-  StopChecker checker(StopsOf(config, tokenizer, options, max_tokens));
+  const StopConditions stops = StopsOf(config, tokenizer, options, max_tokens);
+  StopChecker checker(stops);
   IncrementalDetokenizer detok(tokenizer);
 
   absl::Status stream_status;
@@ -113,6 +114,7 @@ absl::StatusOr<GenerateResult> LocalGenerator::Generate(const std::string& promp
   run.max_tokens = max_tokens;
   run.sampling = options.sampling;
   run.adjust = options.adjust;
+  run.adjust.min_tokens_ban = stops.stop_token_ids;  // what min_tokens holds back
   run.on_token = [&](int32_t token) {
     if (first_token) {
       first_token = false;

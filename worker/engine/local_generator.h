@@ -30,8 +30,8 @@ struct GenerateOptions {
   ModeOptions mode_options;
   int max_tokens = 128;
   SamplingParams sampling;
-  // Penalties and logit bias (the API's; min_tokens is not offered here), checked like the
-  // engine checks a request's.
+  // Penalties, logit bias and min_tokens, as the API's (min_tokens holds back the stop tokens;
+  // min_tokens_ban is filled in), checked like the engine checks a request's.
   LogitAdjust adjust;
   std::vector<std::string> stop_strings;
   std::vector<int32_t> extra_stop_token_ids;  // besides the model's EOS ids

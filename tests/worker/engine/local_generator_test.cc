@@ -162,6 +162,28 @@ TEST_F(LocalGeneratorTest, PenaltiesShapeGreedyDecodingAndLosslessModesFollow) {
   EXPECT_EQ(gen.Generate("def main():", opt).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// min_tokens holds back every stop token, the request's own ones included, until it is reached.
+TEST_F(LocalGeneratorTest, MinTokensHoldsBackTheStopTokens) {
+  LocalGenerator gen(&loaded_);
+  GenerateOptions opt;
+  opt.max_tokens = 12;
+  auto free = gen.Generate("def main():", opt);
+  ASSERT_TRUE(free.ok()) << free.status();
+  ASSERT_EQ(free->tokens.size(), 12u) << "the random model stopped early";
+  const int32_t stop = free->tokens[3];
+  opt.extra_stop_token_ids = {stop};
+  auto stopped = gen.Generate("def main():", opt);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->finish, FinishReason::kStop);
+  EXPECT_LE(stopped->tokens.size(), 4u);
+  opt.adjust.min_tokens = 12;
+  auto held = gen.Generate("def main():", opt);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->finish, FinishReason::kLength);
+  ASSERT_EQ(held->tokens.size(), 12u);
+  for (int32_t token : held->tokens) EXPECT_NE(token, stop);
+}
+
 TEST_F(LocalGeneratorTest, BadInputIsInvalidArgument) {
   LocalGenerator gen(&loaded_);
   GenerateOptions opt;
