@@ -30,8 +30,9 @@ struct GenerateOptions {
   ModeOptions mode_options;
   int max_tokens = 128;
   SamplingParams sampling;
-  // Penalties, logit bias and min_tokens, as the API's (min_tokens holds back the stop tokens;
-  // min_tokens_ban is filled in), checked like the engine checks a request's.
+  // Penalties, logit bias and min_tokens, as the API's, checked like the engine checks a
+  // request's. min_tokens holds back the stop tokens (min_tokens_ban is filled in with them);
+  // unlike the API's, it does not hold back stop strings.
   LogitAdjust adjust;
   std::vector<std::string> stop_strings;
   std::vector<int32_t> extra_stop_token_ids;  // besides the model's EOS ids
