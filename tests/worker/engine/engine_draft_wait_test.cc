@@ -30,6 +30,7 @@ class EngineDraftWaitTest : public testing::BundledModelTest {
     EngineOptions options;
     options.default_drafter = kDrafter;
     options.draft_timeout = draft_timeout;
+    channel_ = nullptr;
     absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
         model_, options,
         [](const std::string& address,
@@ -126,9 +127,8 @@ TEST_F(EngineDraftWaitTest, AChainForAnEndedSequenceStillShowsTheDrafterIsBack) 
   Submit(*engine, {"spec"}, kShort);
   ASSERT_NE(channel_, nullptr);
   channel_->set_delay(absl::Milliseconds(1500));
-  const Run slow = Submit(*engine, {"spec"}, kShort);
-  EXPECT_EQ(slow.sinks[0]->usage().drafted, 0);
-  absl::SleepFor(absl::Milliseconds(1000));  // its chain comes now, to an ended sequence
+  const Run slow = Submit(*engine, {"spec"}, kShort);  // three late steps, then AR steps
+  absl::SleepFor(absl::Milliseconds(1000));            // its chain comes now, to an ended sequence
   // The drafter answers within the timeout again, but later than a short request takes when it
   // does not wait: short requests must wait for its chains to draft.
   channel_->set_delay(absl::Milliseconds(100));
