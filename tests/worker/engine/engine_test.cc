@@ -6,13 +6,9 @@
 #include "worker/engine/engine.h"
 
 #include <algorithm>
-#include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -21,7 +17,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "tests/worker/engine/engine_test_fixture.h"
 
 namespace tandem {
