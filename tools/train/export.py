@@ -61,7 +61,7 @@ def hf_config(recipe: Recipe, tok: Tokenizer) -> dict:
             "modes": list(recipe.modes),
             # A separate drafter names its role and the model it drafts for.
             **({"role": "drafter", "drafter_for": f"models/{recipe.distill.target}"}
-               if recipe.distill else {}),
+               if recipe.is_drafter else {}),
         } | ({"nsp": {
             "block_size": recipe.block_size,
             "mask_token_id": specials[tokenizer_lib.MASK],

@@ -410,7 +410,7 @@ so the output is still the base model's AR output, token for token (the engine's
 {LAYOUT[obj].format(S=S)}
 
 **Data:** windows of {r['seq_len']} tokens, {r['batch_size']} per step: 75% the target's greedy
-continuations of train-split prompts (the drafter recipe's cached distillation rows), 25% raw
+continuations of train-split prompts (1,536 cached distilled rows, `distill.py`), 25% raw
 train windows, so draft contexts look like what the model itself emits.
 
 **Training:** AdamW (β = {tuple(r['betas'])}, no weight decay), peak lr {r['peak_lr']:g}, warmup
@@ -429,8 +429,8 @@ the draft argmax with the verifier's greedy token by draft slot):
 Mean accepted prefix over the first {slots} slots of a block (greedy acceptance stops at the
 first miss): {before['mean_accepted_prefix']:.3f} without, **{after['mean_accepted_prefix']:.3f}** with the adapter.{shift}
 {bench}
-Rebuild: `.venv/bin/python tools/train/train.py --recipe {r['name']}` (reads the drafter
-recipe's distillation rows from `--work`, generating them when absent).
+Rebuild: `.venv/bin/python tools/train/train.py --recipe {r['name']}` (reads the cached
+distillation rows from `--work`, generating them when absent).
 
 """
 

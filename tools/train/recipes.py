@@ -100,7 +100,8 @@ class Recipe:
     # Bundled model folder (under models/) whose weights and tokenizer the run starts from;
     # None = random init and a tokenizer trained from the corpus.
     init_from: str | None = None
-    # Separate drafter: distil from this target's greedy continuations (distill.py).
+    # Train on this target's greedy continuations (distill.py): a separate drafter (no
+    # init_from), or a conversion whose draft pathway should propose what the model emits.
     distill: DistillSpec | None = None
     # DFlash drafter (objective "dflash"): conditioning on the target's hidden states.
     dflash: DFlashSpec | None = None
@@ -108,6 +109,11 @@ class Recipe:
     lora: LoraSpec | None = None
     # The diffusion mode's trained sampler on init_from (objective "sampler").
     sampler: SamplerSpec | None = None
+
+    @property
+    def is_drafter(self) -> bool:
+        """A separate drafter: trained from scratch on its target's greedy continuations."""
+        return self.distill is not None and self.init_from is None
 
     @property
     def total_steps(self) -> int:
@@ -172,53 +178,62 @@ SDLM = Recipe(
     name="sdlm",
     description="SDLM: next-sequence prediction (shifted all-masked blocks of 4) from the target",
     model=TARGET.model,
-    stages=(Stage(name="sdlm", steps=140, alpha=1.0),),
+    stages=(Stage(name="sdlm", steps=800, alpha=1.0),),
     modes=("ar", "nsp"),
-    batch_size=4,
+    seq_len=128,
+    batch_size=8,
     block_size=4,
     peak_lr=1e-3,
     warmup_steps=20,
     budget_minutes=25,
     objective="sdlm",
     init_from="tandem-target",
+    distill=DistillSpec(target="tandem-target", rows=1536),
 )
 
 # I-DLM (§3.1): converts the bundled AR target into an introspective diffusion model, as the
 # paper converts a pretrained AR model: same weights and tokenizer, then one stage of
 # all-masked causal training with logit shift and the auto-balanced loss (idlm.py). Block 4:
 # the masks learn to predict 2..5 tokens past the clean tail, serving ISD strides N <= 5 (the
-# paper serves N = 2..8 from an 8B model; a 4M model's far proposals are rarely accepted).
-# Fine-tuning lr (a third of the target's peak). Sizing: a step runs 2 x 256 tokens with an
-# explicit mask, the cost of the target's stage 2: 2.3-4.7 s/step on one quiet core of the
-# reference machine, 6-19 s/step with three trainings and compile jobs sharing its two cores,
-# so 100 steps fit the 25 min budget on the busy machine.
+# paper serves N = 2..8 from an 8B model). Data: as the drafter's, 12 of every 16 windows are
+# the target's own greedy continuations (the 1536-row DistillSpec that the dflash and LoRA
+# recipes share, 129 tokens) and 4 raw train windows, so the masks learn to propose what the model itself emits
+# (100 steps on raw windows of 256 proposed the next-but-one token of held-out greedy text so
+# rarely that ISD reached 1.10 tokens per forward at N = 4; with these rows 600 steps reached
+# 1.78 on code and 2.06 on prose, 1200 reach 1.90 and 2.14). Fine-tuning lr (a third of the
+# target's peak). Sizing: a step runs 16 x 2 x 128 tokens with an explicit mask, about 1.1 s
+# on the reference machine's two quiet cores (2 threads): 28 min for the 1200 steps, under a
+# minute for the rows. Two trainings at once on two cores slow each other several-fold.
 IDLM = Recipe(
     name="idlm",
     description="I-DLM: the AR target converted by introspective-consistency training (ISD)",
     model=TARGET.model,
-    stages=(Stage(name="idlm", steps=100, alpha=1.0),),
+    stages=(Stage(name="idlm", steps=1200, alpha=1.0),),
     modes=("ar", "isd"),
+    seq_len=128,
+    batch_size=16,
     block_size=4,
     peak_lr=1e-3,
     warmup_steps=20,
     decay_fraction=0.3,
-    budget_minutes=25,
+    budget_minutes=35,
     objective="idlm",
     init_from="tandem-target",
+    distill=DistillSpec(target="tandem-target", rows=1536),
 )
 
 # Separate drafter for `spec` (SimSD / SDAR-style): a much smaller Qwen3 decoder with the
 # target's tokenizer, trained from scratch with the target's tri-mode objective (AR, then AR +
 # 0.3 x block diffusion) so it drafts autoregressively (the engine's spec mode and drafter
 # service) and as a block-diffusion drafter. Data: 75% of every batch are the target's own
-# greedy continuations of train-split prompts (distill.py; 1536 rows of 129 tokens, prompts
+# greedy continuations of train-split prompts (distill.py; 4096 rows of 129 tokens, prompts
 # of 16-64 tokens), 25% raw train windows, so drafts align with what the target emits.
 # 3 layers of width 128 with a tied 4096 x 128 embedding: 0.97M parameters (1.9 MB bf16),
 # about 4.3x fewer multiply-adds per token than the target. Rows of 128 tokens, 16 per step:
-# the target's tokens per step. Sizing: on one thread of the reference machine shared with
-# other jobs, generating the rows took about 4 min (64 rows per 10 s), an AR step 1.1-1.9 s
-# and a joint step 3.1-3.8 s (the 4096-way output layer dominates at this width), so
-# 360 + 180 steps plus evaluation fit the 30 min budget.
+# the target's tokens per step. 360 AR steps on 1536 rows gave 3.0-3.2 tokens per target forward
+# at gamma 4 and 82.8% AR agreement; 1200 AR steps on 4096 rows give 3.4-3.5 and 86.6%. Sizing:
+# on the reference machine's two quiet cores (2 threads) the rows take about 3 min, an AR step
+# about 0.25 s and a joint step about 0.6 s: 10 min in all.
 DRAFTER = Recipe(
     name="drafter",
     description="separate drafter for tandem-target: AR + block diffusion, distilled from the "
@@ -235,22 +250,22 @@ DRAFTER = Recipe(
         rope_theta=10000.0,
     ),
     stages=(
-        Stage(name="ar", steps=360, alpha=0.0),
+        Stage(name="ar", steps=1200, alpha=0.0),
         Stage(name="joint", steps=180, alpha=0.3),
     ),
     modes=("ar", "diffusion", "self_spec", "self_spec_quadratic"),
     seq_len=128,
     batch_size=16,
     budget_minutes=30,
-    distill=DistillSpec(target="tandem-target", rows=1536),
+    distill=DistillSpec(target="tandem-target", rows=4096),
 )
 
 # DFlash drafter (block diffusion drafting conditioned on the target's hidden states,
 # dflash.py): 2 Qwen3 layers of the target's width 256 (it reuses the target's frozen
 # embeddings and tied LM head), fc over the target's layers 1, 2 and 4 (low, middle and last
 # residual rows), block 8 (1 anchor + 7 drafts at a = 1). 1.38M trained parameters (2.8 MB
-# bf16). Data: the drafter recipe's distilled rows (same DistillSpec, so the cached .npz is
-# shared) plus 25% raw train windows; 16 blocks with their own (p, a) per row in one forward.
+# bf16). Data: the target's 1536 distilled rows (the DistillSpec the idlm, sdlm and LoRA recipes
+# share, so the cached .npz is too) plus 25% raw train windows; 16 blocks with their own (p, a) per row in one forward.
 # Sizing: on one thread of the reference machine shared with other jobs a step of 16 rows
 # (frozen target forward + drafter forward/backward over 2,048 block tokens) took 1.0-4.8 s
 # (20.7 min for the 800 steps of the bundled run; a 480-step run reached 2.04 instead of 2.54
@@ -283,13 +298,13 @@ DFLASH = Recipe(
 # Gated LoRA adapters for the drafting pathways (lora.py): the base model is frozen and the
 # adapter is active only on draft positions, so verification stays the base model's and both
 # modes stay lossless. Labels are the verifier's own greedy tokens (computed in the same
-# forward); 6 of every 8 windows are the target's greedy continuations (the drafter recipe's
-# cached DistillSpec rows), so contexts look like what the model emits. Rank 8 on every
+# forward); 6 of every 8 windows are the target's greedy continuations (the shared
+# 1536-row DistillSpec), so contexts look like what the model emits. Rank 8 on every
 # projection (alpha 16): 157k parameters, 0.6 MB fp32. Sizing: a step of 8 windows of 2 x 128
-# tokens takes about 2 s of one core's time, so 160 steps fit the 25 min budget on a quiet
-# machine; the bundled adapters were trained while compile jobs held the reference machine's two
-# cores (9-17 s per step) and the --minutes 24 guard stopped them after 86 and 85 steps (their
-# training.json and model cards say so).
+# tokens takes about 1 s on one quiet core of the reference machine (2-4 min for the 160 steps);
+# under compile jobs it took 9-17 s, which the 25 min budget still covers. On tandem-idlm, whose
+# own masks are trained on the same rows, the R-ISD adapter no longer adds to ISD's TPF (its
+# card shows both).
 # R-ISD (I-DLM §3.2, Appendix G) on tandem-idlm: the mask stream of the I-DLM layout is gated;
 # ISD's default stride 4 uses the first 3 mask slots.
 RISD = Recipe(

@@ -231,6 +231,20 @@ def patch_card(text: str, folder, cfg: dict, tr: dict, ev: dict, engine_rows) ->
     K = L // D - 1
     nsp = ev["nsp"]
     last = tr["history"][-1]
+    d = tr.get("distill")
+    base_eval = folder.parent / cfg['tandem']['nsp']['base_model'] / "eval.json"
+    base_loss = ""
+    if base_eval.exists():
+        base_loss = (f" (held-out AR loss {ev['ar']['loss']:.3f} nats/token; the target's "
+                     f"{json.loads(base_eval.read_text())['ar']['loss']:.3f})")
+    data = "" if not d else f"""
+**Data.** Every batch is {1 - d['raw_fraction']:.0%} rows of `{d['target']}`'s own greedy
+continuations ({d['rows']:,d} rows of {d['row_len']} tokens: a prompt of
+{'/'.join(str(x) for x in d['prompt_lens'])} tokens cut from the train split, then the
+continuation; `tools/train/distill.py`) and {d['raw_fraction']:.0%}
+raw train windows, so the blocks learn to predict what the model itself emits. The causal
+pathway trains on the same batches{base_loss}.
+"""
     objective = f"""## Objective (SDLM §3.2-3.3), converted from `{cfg['tandem']['nsp']['base_model']}`
 
 | stage | name | steps | α | wall |
@@ -243,7 +257,7 @@ def patch_card(text: str, folder, cfg: dict, tr: dict, ev: dict, engine_rows) ->
 `models/{cfg['tandem']['nsp']['base_model']}` (SDLM converts a pretrained AR model: with block size 1
 its objective is next-token prediction), same architecture, and fine-tunes it with
 L = L_AR + α·L_SDLM.
-
+{data}
 **Layout** (`tools/train/sdlm.py`, the parallel training of §3.3 / eq. 6): a window x[0..L]
 (L = {L}) is laid out as the clean stream x[0..L) (strictly causal, positions 0..L-1) followed by
 {K} noise blocks of D = {D}. Block k is `[x[a], <|mask|> x {D - 1}]` at positions a..a+{D - 1} with anchor
@@ -322,11 +336,11 @@ output equals AR greedy's. {model_card.AR_NLL_NOTE} Command:
 ```
 """
     modes += f"""
-**Limitations.** {tr['parameters'] / 1e6:.1f}M parameters and {tr['steps_done']} conversion steps: the block's later
-slots are seldom confident (held-out top-1 by slot above), so longest prefix decoding keeps
-about one token per step at the usual thresholds and, since even its first token comes from
-the block row rather than the causal one, drifts from AR greedy. Its argmax drafts are right
-more often than they are confident: the verified variant accepts a good share of them. tok/s was
-measured on a shared 2-core machine and moves with its load; read it as an order of magnitude.
+**Limitations.** {tr['parameters'] / 1e6:.1f}M parameters and {tr['steps_done']} conversion steps. Longest prefix
+decoding takes even its first token from the block row rather than the causal one, so it drifts
+from AR greedy (`seq=AR`), and the block's later slots pass the default threshold on only part
+of the steps; lower thresholds commit more per forward at a higher AR-NLL. Its argmax drafts are
+right more often than they are confident: the verified variant, which is lossless, accepts a
+good share of them. tok/s moves with the machine's load; read it as an order of magnitude.
 """
     return _replace_section(text, "## Modes", "## Samples", modes + "\n")

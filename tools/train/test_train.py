@@ -31,7 +31,7 @@ import lora  # noqa: E402
 import sdlm  # noqa: E402
 import tokenizer as tokenizer_lib  # noqa: E402
 from model import ModelConfig, Qwen3LM  # noqa: E402
-from recipes import DFLASH, TARGET, DFlashSpec, Stage  # noqa: E402
+from recipes import DFLASH, RECIPES, TARGET, DFlashSpec, Stage  # noqa: E402
 
 TINY = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -214,6 +214,18 @@ class ExportTest(unittest.TestCase):
             # bf16 export: the loaded weights are the rounded training weights.
             emb = model.model.embed_tokens.weight.detach()
             torch.testing.assert_close(ours.model.embed_tokens.weight, emb.bfloat16().float())
+
+    def test_only_a_separate_drafter_is_exported_as_one(self):
+        # Conversions trained on the target's greedy rows (idlm, sdlm) stay models of their
+        # own: no drafter role in config.json (the engine and the model card read it).
+        tok = tokenizer_lib.train(tiny_texts(), vocab_size=TINY.vocab_size)
+        for name, drafter in (("drafter", True), ("idlm", False), ("sdlm", False)):
+            recipe = dataclasses.replace(RECIPES[name], model=TINY)
+            self.assertEqual(recipe.is_drafter, drafter, name)
+            with tempfile.TemporaryDirectory() as tmp:
+                export.write(Path(tmp), tiny_model(seed=5), recipe, tok)
+                cfg = json.loads((Path(tmp) / "config.json").read_text())
+                self.assertEqual(cfg["tandem"].get("role") == "drafter", drafter, name)
 
 
 class ScheduleAndDataTest(unittest.TestCase):

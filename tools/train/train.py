@@ -301,7 +301,7 @@ def train(args: argparse.Namespace) -> int:
         import evaluate
         import model_card
         evaluate.run(out, threads=args.threads)
-        if recipe.distill:
+        if recipe.is_drafter:
             distill.measure(out, REPO_ROOT / "models" / recipe.distill.target, args.threads)
         model_card.write(out)
     return 0
