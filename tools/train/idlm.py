@@ -245,8 +245,8 @@ the slots as independent, Appendix B's TPF_N = (2 + P_1 + … + P_{{N-2}}) / (2 
 for greedy ISD: {pred}.
 
 **Limitations.** {tr['parameters'] / 1e6:.1f}M parameters and {tr['steps_done']} conversion steps; the clean
-pathway trains on the same batches{base_loss}. On held-out *corpus* text (the table above) the first mask proposes the next-but-one token
-as the clean pathway would {isd['by_mask'][0]['argmax_agreement']:.0%} of the time, far from
+pathway trains on the same batches{base_loss}. On held-out *corpus* text (the table above)
+the first mask proposes the next-but-one token as the clean pathway would {isd['by_mask'][0]['argmax_agreement']:.0%} of the time, far from
 the ≥ 85% per-token acceptance I-DLM reports at 8B; on the model's own greedy continuations,
 which are what ISD decodes, it agrees far more often, and the engine's tokens per forward below
 are the measure of the mode.

@@ -171,9 +171,11 @@ TARGET = Recipe(
 # architecture, weights and tokenizer, then L_AR + 1.0 x L_SDLM on the parallel layout of
 # sdlm.py (a clean causal stream plus L/D - 1 all-masked noise blocks [x[a], <|mask|> x 3],
 # shifted prediction). Block size D = 4, SDLM's main setting. Lower peak lr than from scratch
-# (a fine-tune). Sizing: a step of 4 sequences (256 clean + 252 noise tokens each) took about
-# 10 s on one thread of the reference machine while it was shared with other training and
-# compile jobs, so 140 steps fit the 25 min budget.
+# (a fine-tune). Data: 6 of every 8 windows are the target's own greedy continuations (the
+# shared 1536-row DistillSpec), so the blocks learn what the model emits (140 steps on raw
+# windows kept about one token per nsp step at tau 0.9; these 800 keep 1.27-1.32). Sizing: a
+# step of 8 sequences (128 clean + 124 noise tokens each) takes about 0.6 s on the reference
+# machine's two quiet cores (2 threads): 8 min for the 800 steps.
 SDLM = Recipe(
     name="sdlm",
     description="SDLM: next-sequence prediction (shifted all-masked blocks of 4) from the target",
@@ -197,8 +199,8 @@ SDLM = Recipe(
 # the masks learn to predict 2..5 tokens past the clean tail, serving ISD strides N <= 5 (the
 # paper serves N = 2..8 from an 8B model). Data: as the drafter's, 12 of every 16 windows are
 # the target's own greedy continuations (the 1536-row DistillSpec that the dflash and LoRA
-# recipes share, 129 tokens) and 4 raw train windows, so the masks learn to propose what the model itself emits
-# (100 steps on raw windows of 256 proposed the next-but-one token of held-out greedy text so
+# recipes share, 129 tokens) and 4 raw train windows, so the masks learn to propose what the
+# model itself emits (100 steps on raw windows of 256 proposed the next-but-one token of held-out greedy text so
 # rarely that ISD reached 1.10 tokens per forward at N = 4; with these rows 600 steps reached
 # 1.78 on code and 2.06 on prose, 1200 reach 1.90 and 2.14). Fine-tuning lr (a third of the
 # target's peak). Sizing: a step runs 16 x 2 x 128 tokens with an explicit mask, about 1.1 s
@@ -264,8 +266,9 @@ DRAFTER = Recipe(
 # dflash.py): 2 Qwen3 layers of the target's width 256 (it reuses the target's frozen
 # embeddings and tied LM head), fc over the target's layers 1, 2 and 4 (low, middle and last
 # residual rows), block 8 (1 anchor + 7 drafts at a = 1). 1.38M trained parameters (2.8 MB
-# bf16). Data: the target's 1536 distilled rows (the DistillSpec the idlm, sdlm and LoRA recipes
-# share, so the cached .npz is too) plus 25% raw train windows; 16 blocks with their own (p, a) per row in one forward.
+# bf16). Data: the target's 1536 distilled rows (the DistillSpec the idlm, sdlm and LoRA
+# recipes share, so the cached .npz is too) plus 25% raw train windows; 16 blocks with their
+# own (p, a) per row in one forward.
 # Sizing: on one thread of the reference machine shared with other jobs a step of 16 rows
 # (frozen target forward + drafter forward/backward over 2,048 block tokens) took 1.0-4.8 s
 # (20.7 min for the 800 steps of the bundled run; a 480-step run reached 2.04 instead of 2.54
