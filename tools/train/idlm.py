@@ -162,26 +162,18 @@ def patch_card(text: str, folder, cfg: dict, tr: dict, ev: dict, engine_rows) ->
     import json
     import re
 
+    import model_card
+
     recipe = tr["recipe"]
     S, L = recipe["block_size"], recipe["seq_len"]
     isd = ev["isd"]
     base = cfg["tandem"]["isd"]["base_model"]
     last = tr["history"][-1]
     first = tr["history"][0]
-    base_eval = folder.parent / base / "eval.json"
-    base_loss = ""
-    if base_eval.exists():
-        base_loss = (f" (held-out AR loss {ev['ar']['loss']:.3f} nats/token; the target's "
-                     f"{json.loads(base_eval.read_text())['ar']['loss']:.3f})")
-    d = tr.get("distill")
-    data = "" if not d else f"""
-**Data.** Every batch is {1 - d['raw_fraction']:.0%} rows of `{d['target']}`'s own greedy
-continuations ({d['rows']:,d} rows of {d['row_len']} tokens: a prompt of
-{'/'.join(str(x) for x in d['prompt_lens'])} tokens cut from the train split, then the
-continuation; `tools/train/distill.py`) and {d['raw_fraction']:.0%}
-raw train windows, so the masks learn to propose what the model itself emits, which is what
-ISD's introspection accepts.
-"""
+    base_loss = model_card.base_ar_loss(folder, base, ev)
+    data = model_card.distilled_data(
+        tr, "so the masks learn to propose what the model itself emits, which is what\n"
+            "ISD's introspection accepts.")
     objective = f"""## Objective (I-DLM §3.1), converted from `{base}`
 
 | stage | name | steps | wall |

@@ -94,6 +94,30 @@ AR_NLL_NOTE = ("AR-NLL: the target's AR negative log-likelihood of the completio
                "next to the `ar` row (AR greedy's own text).")
 
 
+def base_ar_loss(folder: Path, base: str, ev: dict) -> str:
+    """' (held-out AR loss X; the target's Y)' for a conversion of models/<base>, or ''."""
+    base_eval = folder.parent / base / "eval.json"
+    if not base_eval.exists():
+        return ""
+    return (f" (held-out AR loss {ev['ar']['loss']:.3f} nats/token; the target's "
+            f"{json.loads(base_eval.read_text())['ar']['loss']:.3f})")
+
+
+def distilled_data(tr: dict, why: str) -> str:
+    """The **Data.** paragraph of a conversion trained on distilled rows, or '' without them;
+    `why` ends its last sentence."""
+    d = tr.get("distill")
+    if not d:
+        return ""
+    return f"""
+**Data.** Every batch is {1 - d['raw_fraction']:.0%} rows of `{d['target']}`'s own greedy
+continuations ({d['rows']:,d} rows of {d['row_len']} tokens: a prompt of
+{'/'.join(str(x) for x in d['prompt_lens'])} tokens cut from the train split, then the
+continuation; `tools/train/distill.py`) and {d['raw_fraction']:.0%}
+raw train windows, {why}
+"""
+
+
 def _drafter_section(folder: Path, cfg: dict, tr: dict, ev: dict) -> str:
     d, al = tr["distill"], ev["drafter"]
     target = cfg["tandem"]["drafter_for"]

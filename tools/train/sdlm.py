@@ -231,20 +231,10 @@ def patch_card(text: str, folder, cfg: dict, tr: dict, ev: dict, engine_rows) ->
     K = L // D - 1
     nsp = ev["nsp"]
     last = tr["history"][-1]
-    d = tr.get("distill")
-    base_eval = folder.parent / cfg['tandem']['nsp']['base_model'] / "eval.json"
-    base_loss = ""
-    if base_eval.exists():
-        base_loss = (f" (held-out AR loss {ev['ar']['loss']:.3f} nats/token; the target's "
-                     f"{json.loads(base_eval.read_text())['ar']['loss']:.3f})")
-    data = "" if not d else f"""
-**Data.** Every batch is {1 - d['raw_fraction']:.0%} rows of `{d['target']}`'s own greedy
-continuations ({d['rows']:,d} rows of {d['row_len']} tokens: a prompt of
-{'/'.join(str(x) for x in d['prompt_lens'])} tokens cut from the train split, then the
-continuation; `tools/train/distill.py`) and {d['raw_fraction']:.0%}
-raw train windows, so the blocks learn to predict what the model itself emits. The causal
-pathway trains on the same batches{base_loss}.
-"""
+    base_loss = model_card.base_ar_loss(folder, cfg["tandem"]["nsp"]["base_model"], ev)
+    data = model_card.distilled_data(
+        tr, "so the blocks learn to predict what the model itself emits. The causal\n"
+            f"pathway trains on the same batches{base_loss}.")
     objective = f"""## Objective (SDLM §3.2-3.3), converted from `{cfg['tandem']['nsp']['base_model']}`
 
 | stage | name | steps | α | wall |
