@@ -226,6 +226,10 @@ void GrpcDraftChannel::Core::Break(const char* kind, const std::string& reason, 
     if (broken) return;
     broken = true;
     broken_reason = reason;
+    // Counted before it shows as unhealthy: whoever sees healthy() false sees the break counted.
+    if (!quiet && hidden_options.metrics != nullptr) {
+      hidden_options.metrics->AddDraftStreamBreak(kind);
+    }
     healthy = false;
     queue.clear();
     sessions.swap(open);
@@ -235,7 +239,6 @@ void GrpcDraftChannel::Core::Break(const char* kind, const std::string& reason, 
   // Visible: its sequences now decode without drafts (as AR steps) until a new channel opens.
   Log(absl::StrCat("broke (", reason, "); its ", sessions.size(),
                    " open sessions decode without drafts from now on"));
-  if (hidden_options.metrics != nullptr) hidden_options.metrics->AddDraftStreamBreak(kind);
   absl::MutexLock lock(&delivery_mu);
   for (uint64_t session : sessions) {
     on_chain(DraftChain{
