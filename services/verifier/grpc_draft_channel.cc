@@ -154,7 +154,13 @@ class GrpcDraftChannel::Stream final
 
   void OnDone(const grpc::Status& status) override {
     core_->Break("ended", absl::StrCat("the stream ended: ", status.error_message()));
-    std::shared_ptr<Core> core = std::move(core_);
+    // OnDone runs once the channel's destructor released the hold, and that destructor keeps
+    // its reference to the core until `done`: drop ours first, so the core (and the
+    // grpc::Channel it holds) is never destroyed on this gRPC callback thread. gRPC 1.51 tears
+    // down its shared callback completion queue when the last channel using it goes, and doing
+    // that from one of that queue's own threads crashes the process.
+    Core* core = core_.get();
+    core_.reset();
     delete this;
     core->done.Notify();
   }
