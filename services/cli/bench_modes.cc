@@ -331,7 +331,7 @@ int RunBenchModes(const BenchModesArgs& args) {
     std::vector<Variant> with_lora;
     for (const Variant& v : variants) {
       with_lora.push_back(v);
-      if (v.mode != "isd" && v.mode != "self_spec") continue;
+      if (v.mode != "isd" && v.mode != "self_spec" && v.mode != "self_spec_quadratic") continue;
       Variant lora = v;
       lora.label += " +lora";
       lora.options.lora_drafts = true;

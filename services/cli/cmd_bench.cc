@@ -116,8 +116,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                         "directory for the self-drafting upper bound (every greedy draft is "
                         "accepted)");
   modes_cmd->add_option("--lora", modes->lora_dir,
-                        "LoRA adapter directory for the model: each isd / self_spec variant also "
-                        "runs with the adapter gated on its draft positions (label \" +lora\")");
+                        "LoRA adapter directory for the model: each isd / self_spec / "
+                        "self_spec_quadratic variant also runs with the adapter gated on its draft "
+                        "positions (label \" +lora\")");
   modes_cmd->add_option("--prompts-file", modes->prompts_file,
                         "Prompt sets; default: <model>/fixtures/bench_prompts.json");
   modes_cmd

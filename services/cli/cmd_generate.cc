@@ -28,7 +28,7 @@ struct GenerateArgs {
   bool seed_set = false;
   std::string model_dir;
   std::string drafter_dir;  // spec: the drafter model; may equal model_dir
-  std::string lora_dir;     // isd, self_spec: LoRA adapter on the draft positions
+  std::string lora_dir;     // isd, self_spec(_quadratic): LoRA adapter on the draft positions
   std::string prompt;
   std::string mode = "ar";
   ModeOptions mode_options;
@@ -352,9 +352,9 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "simsd: drafts verified per step, at most the block size; 0 = the block size")
       ->capture_default_str();
   cmd->add_option("--lora", args->lora_dir,
-                  "isd, self_spec: PEFT LoRA adapter directory run on the draft (<|mask|>) "
-                  "positions only (R-ISD / NLD LoRA drafter); verification keeps the base "
-                  "weights, so decoding stays lossless")
+                  "isd, self_spec, self_spec_quadratic: PEFT LoRA adapter directory run on the "
+                  "draft (<|mask|>) positions only (R-ISD / NLD LoRA drafter); verification "
+                  "keeps the base weights, so decoding stays lossless")
       ->each([args](const std::string&) { args->mode_options.lora_drafts = true; });
   cmd->add_option(
       "--drafter", args->drafter_dir,

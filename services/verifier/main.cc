@@ -31,7 +31,7 @@ namespace {
 struct Flags {
   std::string model;
   std::string drafter;
-  std::string lora;  // LoRA adapter gated on isd / self_spec draft positions
+  std::string lora;  // LoRA adapter gated on isd / self_spec(_quadratic) draft positions
   std::string default_mode = "ar";
   std::string tool_call_syntax = "auto";  // or a ToolCallSyntaxName
   std::string device = "cpu";
@@ -274,8 +274,8 @@ int main(int argc, char** argv) {
                  "default drafter address (host:port) for spec requests that name none")
       ->envname("TANDEM_VERIFIER_DRAFTER");
   app.add_option("--lora", flags.lora,
-                 "PEFT LoRA adapter directory that isd and self_spec run on their draft (<|mask|>) "
-                 "positions only; verification keeps the base weights (lossless)")
+                 "PEFT LoRA adapter directory that isd, self_spec and self_spec_quadratic run "
+                 "on their draft (<|mask|>) rows only; verification keeps the base weights")
       ->envname("TANDEM_VERIFIER_LORA")
       ->check(CLI::ExistingDirectory);
   app.add_option("--default-mode", flags.default_mode, "mode of requests that ask for 'auto'")

@@ -275,7 +275,8 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
                                                               ? options.self_spec_draft_len
                                                               : config.diffusion.block_size,
                                              .mask_token = *config.diffusion.mask_token_id,
-                                             .lambda = options.quadratic_lambda};
+                                             .lambda = options.quadratic_lambda,
+                                             .lora_masks = options.lora_drafts};
     TANDEM_RETURN_IF_ERROR(ValidateSelfSpecQuadraticOptions(quadratic, config.vocab_size));
     return std::make_unique<SelfSpecQuadraticMode>(quadratic, config.vocab_size,
                                                    config.max_position_embeddings);

@@ -48,9 +48,10 @@ struct ModeOptions {
   int isd_stride = 4;                // N: tokens proposed per step (1 exact + N - 1 drafts)
   float isd_tau = 0.0f;              // relaxed acceptance (1 + tau) p / q; 0 = lossless
   bool isd_argmax_proposals = true;  // drafts = argmax q (I-DLM's choice) or draws from q
-  // isd (R-ISD) and self_spec (NLD's LoRA drafter): gate the model's LoRA adapter
-  // (Transformer::SetLoraAdapter) on the <|mask|> draft rows only; verification keeps the base
-  // weights, so both stay lossless. The model must have an adapter (its forward fails if not).
+  // isd (R-ISD), self_spec and self_spec_quadratic (NLD's LoRA drafter): gate the model's LoRA
+  // adapter (Transformer::SetLoraAdapter) on the <|mask|> draft rows only; verification keeps
+  // the base weights, so all three stay lossless. The model must have an adapter (its forward fails
+  // if not).
   bool lora_drafts = false;
   // spec: the drafter model (same vocabulary as the target; may be the target itself). Not
   // owned; must outlive the mode, which drafts with a KV cache of its own.

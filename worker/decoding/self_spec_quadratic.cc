@@ -95,6 +95,13 @@ StepPlan SelfSpecQuadraticMode::Plan(const DecodeState& state) {
     }
   }
 
+  if (options_.lora_masks) {
+    plan.lora_gate.assign(static_cast<size_t>(n), 0);
+    for (int a = 0; a <= m; ++a) {
+      std::fill_n(plan.lora_gate.begin() + group_start[a], layout_.group_sizes[a], 1);
+    }
+  }
+
   // Outputs in plan order: the last pending row, then each group and draft as they come.
   plan.outputs.push_back(pending - 1);
   layout_.ar_rows.push_back(0);

@@ -37,6 +37,9 @@ struct SelfSpecQuadraticOptions {
   int draft_len = 8;       // k: <|mask|> tokens per group (NLD: the block size)
   int32_t mask_token = 0;  // the checkpoint's <|mask|> id
   float lambda = 0.0f;     // weight of the diffusion verifier in [0, 1]; 0 = AR only (lossless)
+  // Run the model's LoRA adapter on the <|mask|> rows (NLD §3.3's LoRA drafter): no row outside
+  // a group sees its masks, so the AR rows and the kept KV stay the base model's.
+  bool lora_masks = false;
 };
 
 absl::Status ValidateSelfSpecQuadraticOptions(const SelfSpecQuadraticOptions& options,

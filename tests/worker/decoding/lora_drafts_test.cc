@@ -1,6 +1,7 @@
-// LoRA-gated drafting (ModeOptions::lora_drafts): `isd` (R-ISD, I-DLM Appendix G) and
-// `self_spec` (NLD §3.3's LoRA drafter) run the model's adapter on their <|mask|> rows only,
-// so their greedy output must still equal AR greedy of the base model token for token:
+// LoRA-gated drafting (ModeOptions::lora_drafts): `isd` (R-ISD, I-DLM Appendix G),
+// `self_spec` and `self_spec_quadratic` (NLD §3.3's LoRA drafter) run the model's adapter on
+// their <|mask|> rows only, so their greedy output must still equal AR greedy of the base model
+// token for token:
 //   - on random-weight models with a strong random adapter (which must change the drafts, or
 //     the check would be vacuous);
 //   - on the bundled models with their trained adapters (skipped when absent), printing the
@@ -102,7 +103,9 @@ std::vector<ModeCase> Cases() {
   isd.isd_stride = 4;
   ModeOptions self_spec;
   self_spec.self_spec_draft_len = 4;
-  return {{"isd N=4", "isd", isd}, {"self_spec k=4", "self_spec", self_spec}};
+  return {{"isd N=4", "isd", isd},
+          {"self_spec k=4", "self_spec", self_spec},
+          {"self_spec_quadratic k=4", "self_spec_quadratic", self_spec}};
 }
 
 class RandomModelTest : public ::testing::TestWithParam<TinyArch> {
@@ -239,7 +242,12 @@ std::vector<BundledCase> BundledCases() {
   ModeCase self_spec = modes[1];
   self_spec.options.self_spec_draft_len = 0;  // the model's block size
   self_spec.label = "self_spec";
-  return {{"tandem-idlm", "risd-lora", modes[0]}, {"tandem-target", "draft-lora", self_spec}};
+  ModeCase quadratic = modes[2];
+  quadratic.options.self_spec_draft_len = 0;
+  quadratic.label = "self_spec_quadratic";
+  return {{"tandem-idlm", "risd-lora", modes[0]},
+          {"tandem-target", "draft-lora", self_spec},
+          {"tandem-target", "draft-lora", quadratic}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BundledTest, ::testing::ValuesIn(BundledCases()),
