@@ -338,8 +338,8 @@ def train(args, recipe) -> int:
 
 PAPER = {"risd": "R-ISD, I-DLM §3.2 and Appendix G",
          "self_spec_lora": "Nemotron-Labs-Diffusion §3.3, LoRA-enhanced linear self-speculation"}
-MODE = {"risd": "isd", "self_spec_lora": "self_spec"}
-# The modes whose drafts the adapter serves (the card's engine measurement runs each).
+# The modes whose drafts the adapter serves (the card's engine measurement runs each; the
+# first is the one its usage line names).
 MODES = {"risd": ("isd",), "self_spec_lora": ("self_spec", "self_spec_quadratic")}
 LAYOUT = {
     "risd": "the I-DLM layout `[all <|mask|> | clean]` of `idlm.py` (block {S}); the adapter is "
@@ -399,7 +399,7 @@ build/services/cli/tandem bench modes --model models/{model_folder.name} --lora 
     return f"""## LoRA drafting adapter (`{adapter.name}/`)
 
 A gated LoRA adapter for {' and '.join(f'`{m}`' for m in MODES[obj])} ({PAPER[obj]}):
-`tandem generate --mode {MODE[obj]} --lora
+`tandem generate --mode {MODES[obj][0]} --lora
 models/{model_folder.name}/{adapter.name}` (or `tandem-verifier --lora`) runs it on the
 `<|mask|>` draft rows only. Verify rows keep the base weights and never attend to a gated row,
 so the output is still the base model's AR output, token for token (the engine's

@@ -95,7 +95,8 @@ StepPlan SelfSpecQuadraticMode::Plan(const DecodeState& state) {
     }
   }
 
-  if (options_.lora_masks) {
+  // Like `self_spec`, a step without masks (the last token of the budget) carries no gate.
+  if (options_.lora_masks && n > static_cast<int>(chain.size())) {
     plan.lora_gate.assign(static_cast<size_t>(n), 0);
     for (int a = 0; a <= m; ++a) {
       std::fill_n(plan.lora_gate.begin() + group_start[a], layout_.group_sizes[a], 1);
