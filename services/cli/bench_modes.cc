@@ -302,7 +302,7 @@ int RunBenchModes(const BenchModesArgs& args) {
                  std::string(device.status().message()).c_str());
     return 1;
   }
-  auto target = LoadModelDir(model_dir, *device);
+  auto target = LoadModelDir(model_dir, *device, args.merge_lora);
   if (!target.ok()) {
     std::fprintf(stderr, "bench modes: %s\n", target.status().ToString().c_str());
     return 1;
@@ -472,6 +472,7 @@ int RunBenchModes(const BenchModesArgs& args) {
         {"model", model_dir},
         {"drafter", drafter_dir},
         {"lora", args.lora_dir},
+        {"merge_lora", args.merge_lora},
         {"drafter_is_target", self_drafting},
         {"prompts_file", prompts_path},
         {"prompts_per_category", per_category},
@@ -491,6 +492,10 @@ int RunBenchModes(const BenchModesArgs& args) {
 
   std::printf("tandem bench modes  (model %s, greedy, up to %d new tokens, %d threads)\n",
               model_dir.c_str(), args.max_tokens, threads);
+  if (!args.merge_lora.empty()) {
+    std::printf("merged adapter: %s (every variant runs the adapted model)\n",
+                args.merge_lora.c_str());
+  }
   std::printf("prompts: %s (", prompts_path.c_str());
   for (size_t i = 0; i < categories.size(); ++i) {
     std::printf("%s%d %s", i > 0 ? ", " : "", per_category[categories[i]], categories[i].c_str());

@@ -13,6 +13,8 @@ struct BenchModesArgs {
   std::string drafter_dir;  // spec's drafter; empty = DefaultDrafterDir(model_dir)
   // LoRA adapter on the model: every isd / self_spec variant also runs with it (" +lora").
   std::string lora_dir;
+  // PEFT adapter merged into the model's weights at load: every variant runs the adapted model.
+  std::string merge_lora;
   std::string prompts_file;  // empty = <model_dir>/fixtures/bench_prompts.json
   // Mode names or variant labels ("jacobi", "spec gamma=2"); empty = all.
   std::vector<std::string> modes;

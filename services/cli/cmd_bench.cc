@@ -119,6 +119,11 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                         "LoRA adapter directory for the model: each isd / self_spec / "
                         "self_spec_quadratic variant also runs with the adapter gated on its draft "
                         "positions (label \" +lora\")");
+  modes_cmd
+      ->add_option("--merge-lora", modes->merge_lora,
+                   "PEFT LoRA adapter directory merged into the model's weights at load: every "
+                   "variant runs the adapted model (e.g. the pcLLM adapter for jacobi)")
+      ->check(CLI::ExistingDirectory);
   modes_cmd->add_option("--prompts-file", modes->prompts_file,
                         "Prompt sets; default: <model>/fixtures/bench_prompts.json");
   modes_cmd

@@ -29,6 +29,7 @@ struct GenerateArgs {
   std::string model_dir;
   std::string drafter_dir;  // spec: the drafter model; may equal model_dir
   std::string lora_dir;     // isd, self_spec(_quadratic): LoRA adapter on the draft positions
+  std::string merge_lora;   // PEFT adapter merged into the model's weights (every row)
   std::string prompt;
   std::string mode = "ar";
   ModeOptions mode_options;
@@ -59,7 +60,7 @@ int RunGenerate(const GenerateArgs& args) {
                  std::string(device.status().message()).c_str());
     return 1;
   }
-  auto loaded = LoadModelDir(args.model_dir, *device);
+  auto loaded = LoadModelDir(args.model_dir, *device, args.merge_lora);
   if (!loaded.ok()) {
     std::fprintf(stderr, "tandem generate: %s\n", loaded.status().ToString().c_str());
     return 1;
@@ -356,6 +357,11 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
                   "draft (<|mask|>) positions only (R-ISD / NLD LoRA drafter); verification "
                   "keeps the base weights, so decoding stays lossless")
       ->each([args](const std::string&) { args->mode_options.lora_drafts = true; });
+  cmd->add_option("--merge-lora", args->merge_lora,
+                  "PEFT LoRA adapter directory merged into the model's weights at load: every "
+                  "mode then runs the adapted model (e.g. the pcLLM adapter, which `jacobi` "
+                  "decodes in fewer forwards), and lossless modes reproduce its AR output")
+      ->check(CLI::ExistingDirectory);
   cmd->add_option(
       "--drafter", args->drafter_dir,
       "spec, simsd: drafter model directory (same tokenizer; may be the --model directory); "
@@ -404,6 +410,11 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
     if (!args->server.empty() && !args->lora_dir.empty()) {
       std::fprintf(stderr,
                    "tandem generate: --lora is in-process only (give the verifier --lora)\n");
+      *exit_code = 2;
+    } else if (!args->server.empty() && !args->merge_lora.empty()) {
+      std::fprintf(stderr,
+                   "tandem generate: --merge-lora is in-process only (give the verifier "
+                   "--merge-lora)\n");
       *exit_code = 2;
     } else if (!args->server.empty()) {
       *exit_code = RunRemoteGenerate(*args);

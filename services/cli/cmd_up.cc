@@ -33,6 +33,8 @@ struct UpArgs {
   std::string cpu_weights;  // the verifier's and the drafter's --cpu-weights; "" = theirs (f32)
   double start_timeout_seconds = 120;
   bool self_spec_drafter = false;  // the drafter hosts the target and drafts with its masks
+  std::string lora;                // the verifier's --lora (gated drafting adapter)
+  std::string merge_lora;  // the verifier's --merge-lora (adapter merged into the served model)
 };
 
 // --self-spec-drafter: the drafter runs the tri-mode target itself and drafts a block of
@@ -87,6 +89,12 @@ int RunUp(const UpArgs& args) {
       .cpu_weights = args.cpu_weights,
       .start_timeout = absl::Seconds(args.start_timeout_seconds),
   };
+  if (!args.lora.empty()) {
+    options.verifier_flags.insert(options.verifier_flags.end(), {"--lora", args.lora});
+  }
+  if (!args.merge_lora.empty()) {
+    options.verifier_flags.insert(options.verifier_flags.end(), {"--merge-lora", args.merge_lora});
+  }
   if (args.self_spec_drafter) {
     if (absl::Status used = UseSelfSpecDrafter(args.model_dir, &options); !used.ok()) {
       std::fprintf(stderr, "tandem up: %s\n", std::string(used.message()).c_str());
@@ -173,6 +181,15 @@ void RegisterUp(CLI::App& app, int* exit_code) {
                   absl::StrCat("The verifier's and the drafter's --cpu-weights. ", kCpuWeightsHelp,
                                "; default: f32"))
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--lora", args->lora,
+                  "The verifier's --lora: a PEFT LoRA adapter that isd, self_spec and "
+                  "self_spec_quadratic run on their draft (<|mask|>) rows only (lossless)")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--merge-lora", args->merge_lora,
+                  "The verifier's --merge-lora: a PEFT LoRA adapter merged into the served "
+                  "model's weights (e.g. the pcLLM adapter, which jacobi decodes in fewer "
+                  "forwards)")
+      ->check(CLI::ExistingDirectory);
   cmd->add_option("--start-timeout", args->start_timeout_seconds,
                   "Seconds each service may take to start")
       ->capture_default_str();

@@ -31,7 +31,8 @@ namespace {
 struct Flags {
   std::string model;
   std::string drafter;
-  std::string lora;  // LoRA adapter gated on isd / self_spec(_quadratic) draft positions
+  std::string lora;        // LoRA adapter gated on isd / self_spec(_quadratic) draft positions
+  std::string merge_lora;  // PEFT adapter merged into the weights (the served model)
   std::string default_mode = "ar";
   std::string tool_call_syntax = "auto";  // or a ToolCallSyntaxName
   std::string device = "cpu";
@@ -85,7 +86,8 @@ int Run(Flags flags) {
     std::cerr << "tandem-verifier: " << usable.message() << "\n";
     return 1;
   }
-  absl::StatusOr<tandem::LoadedModel> model = tandem::LoadModelDir(flags.model, *device);
+  absl::StatusOr<tandem::LoadedModel> model =
+      tandem::LoadModelDir(flags.model, *device, flags.merge_lora);
   if (!model.ok()) {
     std::cerr << "tandem-verifier: cannot load the model: " << model.status().message() << "\n";
     return 1;
@@ -277,6 +279,12 @@ int main(int argc, char** argv) {
                  "PEFT LoRA adapter directory that isd, self_spec and self_spec_quadratic run "
                  "on their draft (<|mask|>) rows only; verification keeps the base weights")
       ->envname("TANDEM_VERIFIER_LORA")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--merge-lora", flags.merge_lora,
+                 "PEFT LoRA adapter directory merged into the model's weights at load: the "
+                 "verifier serves the adapted model in every mode (e.g. the pcLLM adapter, which "
+                 "jacobi decodes in fewer forwards)")
+      ->envname("TANDEM_VERIFIER_MERGE_LORA")
       ->check(CLI::ExistingDirectory);
   app.add_option("--default-mode", flags.default_mode, "mode of requests that ask for 'auto'")
       ->envname("TANDEM_VERIFIER_DEFAULT_MODE")

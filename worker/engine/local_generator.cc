@@ -12,10 +12,11 @@
 
 namespace tandem {
 
-absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device) {
+absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device,
+                                         const std::string& merge_lora) {
   LoadedModel loaded;
   loaded.dir = dir;
-  TANDEM_ASSIGN_OR_RETURN(loaded.model, Transformer::Load(dir, device.cpu_weights));
+  TANDEM_ASSIGN_OR_RETURN(loaded.model, Transformer::Load(dir, device.cpu_weights, merge_lora));
   if (device.device != Device::kCpu) TANDEM_RETURN_IF_ERROR(loaded.model->UseDevice(device));
   TANDEM_ASSIGN_OR_RETURN(loaded.tokenizer, Tokenizer::FromFile(dir + "/tokenizer.json"));
   TANDEM_ASSIGN_OR_RETURN(loaded.chat_template, ChatTemplate::FromModelDir(dir));

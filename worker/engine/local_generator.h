@@ -74,8 +74,11 @@ struct LoadedModel {
 
 // Loads <dir>/config.json, weights, tokenizer.json, the chat template (chat_template.jinja or
 // tokenizer_config.json's) and the diffusion mode's trained sampler (<dir>/sampler/, when
-// there), and moves the model to `device` (Transformer::UseDevice).
-absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device = {});
+// there), and moves the model to `device` (Transformer::UseDevice). `merge_lora`, when set, is
+// a PEFT adapter directory merged into the weights (Transformer::Load): a fine-tuned variant of
+// the model, such as the pcLLM adapter `jacobi` decodes faster.
+absl::StatusOr<LoadedModel> LoadModelDir(const std::string& dir, const DeviceOptions& device = {},
+                                         const std::string& merge_lora = "");
 
 // The prompt text of a chat: the model's chat template with a generation prompt, or ChatML
 // when it has none; `tools` (a JSON array, "" for none) as worker/template/chat_tools.h says.

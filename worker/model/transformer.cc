@@ -20,10 +20,15 @@ Transformer::Transformer(ModelConfig config, ModelWeights weights,
   backend_ = std::make_unique<CpuTransformer>(this);
 }
 
-absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(
-    const std::string& dir, kernels::cpu::WeightType cpu_weights) {
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& dir,
+                                                               kernels::cpu::WeightType cpu_weights,
+                                                               const std::string& merge_lora) {
   TANDEM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   TANDEM_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(dir, config));
+  if (!merge_lora.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(LoraAdapter adapter, LoadLoraAdapter(merge_lora, config));
+    TANDEM_RETURN_IF_ERROR(MergeLoraAdapter(adapter, config, weights));
+  }
   return FromWeights(std::move(config), std::move(weights), cpu_weights);
 }
 

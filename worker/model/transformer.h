@@ -31,10 +31,12 @@ namespace tandem {
 class Transformer {
  public:
   // Loads config.json and the safetensors weights in `dir`; the CPU forward's products hold
-  // their weights as `cpu_weights` (ModelWeights::PackForCpu).
+  // their weights as `cpu_weights` (ModelWeights::PackForCpu). With `merge_lora` (a PEFT
+  // adapter directory) the adapter is merged into the weights first (MergeLoraAdapter): the
+  // model is then base + adapter on every row, on every backend.
   static absl::StatusOr<std::unique_ptr<Transformer>> Load(
-      const std::string& dir,
-      kernels::cpu::WeightType cpu_weights = kernels::cpu::WeightType::kF32);
+      const std::string& dir, kernels::cpu::WeightType cpu_weights = kernels::cpu::WeightType::kF32,
+      const std::string& merge_lora = "");
   static std::unique_ptr<Transformer> FromWeights(
       ModelConfig config, ModelWeights weights,
       kernels::cpu::WeightType cpu_weights = kernels::cpu::WeightType::kF32);

@@ -190,6 +190,76 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& dir, const ModelConf
 
 namespace {
 
+// Where a projection's rows sit in the fused matrix that holds it.
+struct FusedRows {
+  std::vector<float>* matrix = nullptr;
+  int64_t first_row = 0;
+  int64_t rows = 0;  // the projection's out_features
+  int64_t cols = 0;  // its in_features
+};
+
+FusedRows RowsOf(const ModelConfig& c, LayerWeights& layer, LoraTarget target) {
+  const int64_t q_rows = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kv_rows = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  switch (target) {
+    case LoraTarget::kQ:
+      return {&layer.qkv, 0, q_rows, c.hidden_size};
+    case LoraTarget::kK:
+      return {&layer.qkv, q_rows, kv_rows, c.hidden_size};
+    case LoraTarget::kV:
+      return {&layer.qkv, q_rows + kv_rows, kv_rows, c.hidden_size};
+    case LoraTarget::kO:
+      return {&layer.o, 0, c.hidden_size, q_rows};
+    case LoraTarget::kGate:
+      return {&layer.gate_up, 0, c.intermediate_size, c.hidden_size};
+    case LoraTarget::kUp:
+      return {&layer.gate_up, c.intermediate_size, c.intermediate_size, c.hidden_size};
+    case LoraTarget::kDown:
+      return {&layer.down, 0, c.hidden_size, c.intermediate_size};
+  }
+  return {};
+}
+
+}  // namespace
+
+absl::Status MergeLoraAdapter(const LoraAdapter& adapter, const ModelConfig& config,
+                              ModelWeights& weights) {
+  if (weights.packed()) {
+    return absl::FailedPreconditionError("a LoRA adapter merges into unpacked weights only");
+  }
+  if (adapter.layers.size() != weights.layers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("adapter \"", adapter.name, "\" has ",
+                                                   adapter.layers.size(), " layers, the model ",
+                                                   weights.layers.size()));
+  }
+  for (size_t l = 0; l < adapter.layers.size(); ++l) {
+    for (const auto& [target, pair] : adapter.layers[l]) {
+      const FusedRows rows = RowsOf(config, weights.layers[l], target);
+      const int64_t rank = pair.rank;
+      const int64_t in = rows.cols;
+      const int64_t out = rows.rows;
+      if (rows.matrix == nullptr || rank <= 0 || static_cast<int64_t>(pair.a.size()) != rank * in ||
+          static_cast<int64_t>(pair.b.size()) != rank * out ||
+          (rows.first_row + out) * in > static_cast<int64_t>(rows.matrix->size())) {
+        return absl::InvalidArgumentError(absl::StrCat("adapter \"", adapter.name, "\": layer ", l,
+                                                       " does not fit the model's shapes"));
+      }
+      // W[first_row + o, i] += scale * sum_r B[o, r] A[r, i]
+      for (int64_t o = 0; o < out; ++o) {
+        float* row = rows.matrix->data() + (rows.first_row + o) * in;
+        for (int64_t r = 0; r < rank; ++r) {
+          const float coef = adapter.scale * pair.b[o * rank + r];
+          const float* a = pair.a.data() + r * in;
+          for (int64_t i = 0; i < in; ++i) row[i] += coef * a[i];
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 // The shapes of a model's weights, drawn from `randn(n)` (n weights around 0) and `norm(n)` (n
 // norm weights around 1).
 template <typename Randn, typename Norm>

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu/packed_gemm.h"
+#include "worker/model/checkpoint/lora.h"
 #include "worker/model/checkpoint/model_config.h"
 
 namespace tandem {
@@ -86,6 +87,12 @@ struct ModelWeights {
 // checkpoint in `dir`, converting to fp32. Missing tensors and shape mismatches are errors
 // naming the tensor.
 absl::StatusOr<ModelWeights> LoadWeights(const std::string& dir, const ModelConfig& config);
+
+// Adds `adapter`'s residual, scale * B A, to every projection it adapts: the weights become the
+// adapted model's on every row (a PEFT merge), in fp32. The adapter's shapes must fit `config`
+// (LoadLoraAdapter checks them); FailedPrecondition when `weights` are packed.
+absl::Status MergeLoraAdapter(const LoraAdapter& adapter, const ModelConfig& config,
+                              ModelWeights& weights);
 
 // Random weights (normal with `stddev`, norms around 1) for benchmarks and tests.
 ModelWeights RandomWeights(const ModelConfig& config, uint64_t seed, float stddev = 0.02f);

@@ -310,6 +310,58 @@ TEST_P(TransformerTest, LoraAppliesOnlyToGatedTokens) {
   EXPECT_GT(MaxRelativeError(want.logits[1], plain.logits[1]), 1e-3);  // the adapter matters
 }
 
+TEST_P(TransformerTest, MergedLoraEqualsTheAdapterOnEveryRow) {
+  std::mt19937 rng(11);
+  LoraAdapter adapter{.name = "merged", .scale = 0.75f};
+  adapter.layers.resize(config_.num_layers);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  const int q = config_.num_heads * config_.head_dim, kv = config_.num_kv_heads * config_.head_dim;
+  const int h = config_.hidden_size, inter = config_.intermediate_size;
+  const std::vector<std::tuple<LoraTarget, int, int>> shapes = {
+      {LoraTarget::kQ, q, h},       {LoraTarget::kK, kv, h},       {LoraTarget::kV, kv, h},
+      {LoraTarget::kO, h, q},       {LoraTarget::kGate, inter, h}, {LoraTarget::kUp, inter, h},
+      {LoraTarget::kDown, h, inter}};
+  for (int l = 0; l < config_.num_layers; ++l) {
+    for (const auto& [target, out, in] : shapes) {
+      LoraPair p{.rank = 2};
+      p.a.resize(2 * in);
+      p.b.resize(out * 2);
+      for (auto& v : p.a) v = normal(rng);
+      for (auto& v : p.b) v = normal(rng);
+      adapter.layers[l][target] = std::move(p);
+    }
+  }
+  ModelWeights merged = model_->weights().Unpacked();
+  ASSERT_TRUE(MergeLoraAdapter(adapter, config_, merged).ok());
+  auto merged_model = Transformer::FromWeights(config_, std::move(merged));
+  const auto tokens = RandomTokens(7, rng);
+  const std::vector<bool> every_row(7, true);
+  const auto want = DenseForward(config_, model_->weights(), tokens, Iota(0, 7), CausalMask(7),
+                                 &adapter, every_row);
+  const auto plain = DenseForward(config_, model_->weights(), tokens, Iota(0, 7), CausalMask(7));
+  model_ = std::move(merged_model);
+  kv_ = std::make_unique<KvCache>(model_->KvOptions(1024, 4));
+  ASSERT_TRUE(kv_->AddSequence(5).ok());
+  const auto got = Run(5, tokens, Iota(0, 7), Visibility::Causal());
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_LT(MaxRelativeError(got[i], want.logits[i]), kTol) << i;
+    EXPECT_GT(MaxRelativeError(got[i], plain.logits[i]), 1e-3) << i;  // the merge changed it
+  }
+
+  // Packed weights, and an adapter of another model's shapes, are refused.
+  ModelWeights packed = model_->weights();
+  EXPECT_EQ(MergeLoraAdapter(adapter, config_, packed).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ModelWeights unpacked = model_->weights().Unpacked();
+  adapter.layers[1][LoraTarget::kDown].a.resize(2 * (inter + 1));
+  const absl::Status misfit = MergeLoraAdapter(adapter, config_, unpacked);
+  EXPECT_EQ(misfit.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(misfit.message().find("layer 1"), std::string::npos) << misfit;
+  adapter.layers.pop_back();
+  EXPECT_EQ(MergeLoraAdapter(adapter, config_, unpacked).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(TransformerTest, MalformedExtendsAreRejectedWithoutTouchingTheCache) {
   ASSERT_TRUE(kv_->AddSequence(9).ok());
   const std::vector<int32_t> tokens = {1, 2, 3}, positions = {0, 1, 2}, bad_tok = {1, 1000, 2};
