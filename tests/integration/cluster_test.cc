@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -521,6 +522,42 @@ TEST(TandemUpTest, ServesOneRequestAndStopsOnSigterm) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
       << ChildProcess::DescribeExit(*status) << "\n"
       << (*up)->StderrTail();
+}
+
+// --merge-lora reaches the verifier: jacobi through the router reproduces the AR output of the
+// target with the pcLLM adapter merged in (in-process, the same merge), not the target's own.
+TEST(TandemUpTest, MergeLoraServesTheAdaptedModel) {
+  const std::string adapter = TargetModelDir() + "/pcllm-lora";
+  if (!std::filesystem::exists(adapter + "/adapter_config.json")) {
+    GTEST_SKIP() << "no adapter at " << adapter;
+  }
+  absl::StatusOr<LoadedModel> merged = LoadModelDir(TargetModelDir(), {}, adapter);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  LocalGenerator generator(&*merged);
+  GenerateOptions options;
+  options.max_tokens = 24;
+  auto expected = generator.Generate(kPrompts[0], options);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  auto base = Reference::Get().Generate(kPrompts[0], "ar", 24);
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_NE(expected->tokens, base->tokens)
+      << "the adapter leaves this prompt's greedy output as it was: the test would prove nothing";
+
+  auto up = ChildProcess::Start({.name = "tandem up",
+                                 .argv = {BinaryPath("cli", "tandem"), "up", "--listen",
+                                          "127.0.0.1:0", "--merge-lora", adapter}});
+  ASSERT_TRUE(up.ok()) << up.status();
+  auto address = (*up)->WaitForAddress(absl::Seconds(180));
+  ASSERT_TRUE(address.ok()) << address.status();
+  auto stub = GenerationStub(*address);
+  for (const char* mode : {"ar", "jacobi"}) {
+    StreamResult result = Generate(*stub, Greedy(kPrompts[0], mode, 24));
+    ASSERT_TRUE(result.status.ok()) << mode << ": " << result.status.error_message();
+    EXPECT_EQ(result.tokens, expected->tokens) << mode;
+  }
+  (*up)->Signal(SIGTERM);
+  std::optional<int> status = (*up)->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << "tandem up did not stop within 60 s";
 }
 
 // The pids of `pid`'s children, in the order they were started.

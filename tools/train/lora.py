@@ -440,7 +440,13 @@ distillation rows from `--work`, generating them when absent).
 
 def append_card_sections(text: str, model_folder: Path) -> str:
     """MODEL.md text with a section per adapter folder, before "## Samples" (or at the end)."""
-    sections = "".join(card_section(model_folder, d) for d in sorted(model_folder.iterdir())
+    import pcllm
+
+    def section(folder: Path) -> str:
+        objective = json.loads((folder / "training.json").read_text())["recipe"]["objective"]
+        return (pcllm.card_section if objective == "pcllm" else card_section)(model_folder, folder)
+
+    sections = "".join(section(d) for d in sorted(model_folder.iterdir())
                        if (d / "adapter_config.json").exists() and (d / "training.json").exists())
     if not sections:
         return text

@@ -28,6 +28,7 @@ import evaluate  # noqa: E402
 import export  # noqa: E402
 import idlm  # noqa: E402
 import lora  # noqa: E402
+import pcllm  # noqa: E402
 import sdlm  # noqa: E402
 import tokenizer as tokenizer_lib  # noqa: E402
 from model import ModelConfig, Qwen3LM  # noqa: E402
@@ -536,6 +537,111 @@ class GatedLoraTest(unittest.TestCase):
                     self.assertTrue(torch.equal(v, frozen[k]), k)
             moved = [m.lora_B.grad.abs().sum() > 0 for m in lora.adapters(model).values()]
             self.assertTrue(all(moved), objective)
+
+
+class PcllmTest(unittest.TestCase):
+    """pcLLM consistency distillation (pcllm.py) on a tiny random model."""
+
+    n = 4
+
+    def rows(self, model, count: int = 3, row_len: int = 17) -> tuple:
+        stream = np.random.default_rng(1).integers(0, 290, 2000).astype(np.int32)
+        spec = distill.DistillSpec(target="x", rows=count, prompt_lens=(4, 8), gen_batch=count)
+        return distill.build_rows(model, stream, spec, row_len, log=lambda *a, **k: None)
+
+    def test_packed_mask_is_the_noise_aware_causal_mask(self):
+        L, n = 8, 4
+        m = pcllm.packed_mask(L, n)
+        for i in range(2 * L):
+            for j in range(2 * L):
+                if i < L:  # clean: causal over the clean stream only
+                    want = j < L and j <= i
+                else:  # noisy row of block [c, c + n): the clean prefix, its block causally
+                    q, c = i - L, (i - L) // n * n
+                    want = j < c if j < L else (c <= j - L <= q)
+                self.assertEqual(bool(m[i, j]), want, (i, j))
+        with self.assertRaises(ValueError):
+            pcllm.packed_mask(10, 4)
+
+    def test_trajectories_start_at_the_guess_and_end_at_the_fixed_point(self):
+        model = tiny_model(seed=8)
+        rows, plens = self.rows(model)
+        traj = pcllm.trajectories(model, rows, plens, self.n, log=lambda *a, **k: None)
+        L = rows.shape[1] - 1
+        self.assertEqual(traj.shape, (3, L // self.n, self.n + 1, self.n))
+        for r in range(3):
+            for b in range(L // self.n):
+                c = b * self.n
+                block = rows[r, c:c + self.n].tolist()
+                if c < plens[r]:  # prompt blocks hold the clean tokens
+                    self.assertEqual(traj[r, b, 0].tolist(), block)
+                    continue
+                self.assertEqual(traj[r, b, 0].tolist(),
+                                 pcllm.initial_guess(rows[r, :c], self.n).tolist())
+                # Greedy Jacobi converges within n iterations to the greedy continuation, and
+                # state k has at least its first k tokens right.
+                self.assertEqual(traj[r, b, -1].tolist(), block)
+                for k in range(self.n + 1):
+                    self.assertEqual(traj[r, b, k, :k].tolist(), block[:k])
+
+    def test_progressive_states_and_labels(self):
+        model = tiny_model(seed=8)
+        rows, plens = self.rows(model)
+        traj = pcllm.trajectories(model, rows, plens, self.n, log=lambda *a, **k: None)
+        noisy, labelled = pcllm.pick_states(np.random.default_rng(0), traj, rows, plens, self.n)
+        L = rows.shape[1] - 1
+        for r in range(3):
+            self.assertEqual(labelled[r].tolist(), [i >= plens[r] for i in range(L)])
+            self.assertEqual(noisy[r, :plens[r]].tolist(), rows[r, :plens[r]].tolist())
+        # The first continuation block is the least noisy, the last the noisiest.
+        wrong = (noisy.numpy() != rows[:, :L]).reshape(3, L // self.n, self.n).mean(-1)
+        for r in range(3):
+            first = int(plens[r]) // self.n
+            self.assertLessEqual(wrong[r, first], wrong[r, -1])
+
+    def test_loss_trains_only_the_adapter_and_starts_at_the_target(self):
+        model = tiny_model(seed=9)
+        rows, plens = self.rows(model)
+        traj = pcllm.trajectories(model, rows, plens, self.n, log=lambda *a, **k: None)
+        noisy, labelled = pcllm.pick_states(np.random.default_rng(1), traj, rows, plens, self.n)
+        tokens = torch.from_numpy(rows.astype(np.int64))
+        L = rows.shape[1] - 1
+        with torch.no_grad():
+            base = model(tokens[:, :L])
+        gate = lora.attach(model, rank=4, alpha=8.0, targets=lora.ATTN + lora.MLP, seed=1)
+        frozen = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
+        value, parts = pcllm.loss(model, gate, base, tokens, noisy, labelled, self.n)
+        self.assertAlmostEqual(parts["kl"], 0.0, places=5)  # B = 0: the adapter is the identity
+        self.assertGreater(parts["pc"], 0.0)
+        opt = torch.optim.AdamW(lora.trainable(model), lr=1e-2)
+        value.backward()
+        opt.step()
+        for k, v in model.state_dict().items():
+            if "lora_" not in k:
+                self.assertTrue(torch.equal(v, frozen[k]), k)
+        self.assertIsNone(gate.mask)
+        with torch.no_grad():  # now the adapter is on every row, and changes the model
+            moved = pcllm.forward(model, gate, tokens[:, :L])
+        self.assertGreater(float((moved - base).abs().amax()), 1e-4)
+
+    def test_jacobi_decode_equals_greedy(self):
+        model = tiny_model(seed=10)
+        gate = lora.attach(model, rank=4, alpha=8.0, targets=lora.ATTN + lora.MLP, seed=2)
+        with torch.no_grad():
+            for m in lora.adapters(model).values():
+                m.lora_B.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(3))
+        prompt = [5, 9, 5, 11, 7]
+        for g in (None, gate):
+            run = pcllm.jacobi_decode(model, g, prompt, 12, self.n)
+            self.assertEqual(run["tokens"], pcllm.greedy(model, g, prompt, 12))
+            self.assertLessEqual(run["forwards"], 12)
+        self.assertNotEqual(pcllm.greedy(model, None, prompt, 12),
+                            pcllm.greedy(model, gate, prompt, 12))
+
+    def test_initial_guess_copies_after_an_earlier_occurrence(self):
+        self.assertEqual(pcllm.initial_guess(np.array([3, 4, 5, 3]), 3).tolist(), [4, 5, 3])
+        self.assertEqual(pcllm.initial_guess(np.array([1, 2]), 3).tolist(), [2, 2, 2])
+        self.assertEqual(pcllm.distinct_bigrams([1, 2, 1, 2, 1]), 0.5)
 
 
 class DFlashTest(unittest.TestCase):

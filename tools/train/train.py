@@ -164,6 +164,9 @@ def train(args: argparse.Namespace) -> int:
     if recipe.objective == "dflash":  # conditioned on the target's hidden states: own loop
         import dflash
         return dflash.train(args, recipe)
+    if recipe.objective == "pcllm":  # an adapter on every row, trained on Jacobi trajectories
+        import pcllm
+        return pcllm.train(args, recipe)
     if recipe.lora:  # a gated adapter on a frozen bundled model: own loop
         import lora
         return lora.train(args, recipe)

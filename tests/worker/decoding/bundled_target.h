@@ -1,6 +1,6 @@
-// Fixture for tests on the bundled tri-mode target (models/tandem-target): the model, the
-// held-out prompts of fixtures/greedy.json and their AR greedy decodes. Skips when the model
-// folder is absent.
+// Fixture for tests on the bundled tri-mode target (models/tandem-target), or on it with an
+// adapter merged in (MergeLora): the model, the held-out prompts of fixtures/greedy.json and
+// their AR greedy decodes. Skips when the model folder (or the adapter) is absent.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +34,12 @@ class BundledTargetTest : public ::testing::Test {
     if (!std::filesystem::exists(kBundledTargetDir + "/config.json")) {
       GTEST_SKIP() << "no bundled model at " << kBundledTargetDir;
     }
-    absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::Load(kBundledTargetDir);
+    const std::string merge = MergeLora();
+    if (!merge.empty() && !std::filesystem::exists(merge + "/adapter_config.json")) {
+      GTEST_SKIP() << "no adapter at " << merge;
+    }
+    absl::StatusOr<std::unique_ptr<Transformer>> model =
+        Transformer::Load(kBundledTargetDir, kernels::cpu::WeightType::kF32, merge);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     const nlohmann::json greedy = ReadJson(kBundledTargetDir + "/fixtures/greedy.json");
@@ -48,6 +53,10 @@ class BundledTargetTest : public ::testing::Test {
       ar_.push_back(r->tokens);
     }
   }
+
+  // A PEFT adapter directory merged into the model's weights; "" = the model as shipped. The AR
+  // references are then the adapted model's.
+  virtual std::string MergeLora() const { return ""; }
 
   // Decodes `prompt` with `mode` (new_tokens_ tokens unless `max_tokens` is given), ending early
   // at `stop` when set.
