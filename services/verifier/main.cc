@@ -169,6 +169,13 @@ int Run(Flags flags) {
     identity.model_id =
         std::filesystem::path(flags.model).lexically_normal().parent_path().filename().string();
   }
+  if (!flags.merge_lora.empty()) {
+    // Another model than the folder's: it gets its own name, so that a router never mixes the
+    // two under one.
+    std::filesystem::path adapter = std::filesystem::path(flags.merge_lora).lexically_normal();
+    if (adapter.filename().empty()) adapter = adapter.parent_path();
+    identity.model_id += "+" + adapter.filename().string();
+  }
   tandem::ModeOptions mode_defaults;
   mode_defaults.spec_gamma = flags.spec_gamma;
   mode_defaults.diffusion_sampler = flags.diffusion_sampler;
@@ -282,8 +289,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--merge-lora", flags.merge_lora,
                  "PEFT LoRA adapter directory merged into the model's weights at load: the "
-                 "verifier serves the adapted model in every mode (e.g. the pcLLM adapter, which "
-                 "jacobi decodes in fewer forwards)")
+                 "verifier serves the adapted model in every mode, named <model>+<adapter "
+                 "folder> (e.g. the pcLLM adapter, which jacobi decodes in fewer forwards)")
       ->envname("TANDEM_VERIFIER_MERGE_LORA")
       ->check(CLI::ExistingDirectory);
   app.add_option("--default-mode", flags.default_mode, "mode of requests that ask for 'auto'")

@@ -550,6 +550,11 @@ TEST(TandemUpTest, MergeLoraServesTheAdaptedModel) {
   auto address = (*up)->WaitForAddress(absl::Seconds(180));
   ASSERT_TRUE(address.ok()) << address.status();
   auto stub = GenerationStub(*address);
+  grpc::ClientContext context;
+  v1::ListModelsResponse models;
+  ASSERT_TRUE(stub->ListModels(&context, v1::ListModelsRequest(), &models).ok());
+  ASSERT_EQ(models.models_size(), 1);
+  EXPECT_EQ(models.models(0).id(), "tandem-target+pcllm-lora");  // not the plain target's name
   for (const char* mode : {"ar", "jacobi"}) {
     StreamResult result = Generate(*stub, Greedy(kPrompts[0], mode, 24));
     ASSERT_TRUE(result.status.ok()) << mode << ": " << result.status.error_message();

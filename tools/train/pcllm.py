@@ -11,9 +11,9 @@ it loads the model (`--merge-lora`).
 Data (`trajectories`): the target's greedy continuations of train-split prompts (distill.py
 rows; every prompt length is a multiple of the block size n, so blocks of n tokens after the
 prompt are fixed points of greedy Jacobi decoding). For each such block the frozen target runs
-Jacobi decoding from the engine's initial guess (the tokens after an earlier occurrence of the
-last prefix token, else that token repeated) until it reaches the fixed point; every state is
-kept.
+Jacobi decoding from a first guess made as the engine makes one (the tokens after an earlier
+occurrence of the last prefix token, else that token repeated) until it reaches the fixed
+point; every state is kept.
 
 Layout (`packed_mask`): `[clean x | noisy y]` at the same positions 0..L-1 (Figure 1b). Clean
 rows are causal over the clean stream; a noisy row of block [c, c + n) reads the clean prefix
@@ -132,14 +132,14 @@ def pick_states(rng: np.random.Generator, traj: np.ndarray, rows: np.ndarray, pl
     for r in range(B):
         first = int(plens[r]) // block
         m = nb - first
-        for k, b in enumerate(range(nb)):
+        for b in range(nb):
             states = traj[r, b].astype(np.int64)
             if b < first:
                 noisy[r, b * block:(b + 1) * block] = states[0]
                 continue
             fixed = rows[r, b * block:(b + 1) * block]  # the fixed point
             share = (states != fixed[None, :]).mean(-1)  # unconverged share per state
-            want = (k - first + 1) / m
+            want = (b - first + 1) / m  # the (b - first + 1)-th of m continuation blocks
             gap = np.abs(share - want)
             best = np.flatnonzero(gap <= gap.min() + 1e-9)
             s = int(rng.choice(best))
