@@ -418,7 +418,7 @@ def card_section(model_folder: Path, adapter: Path) -> str:
     truncated = (f" The `--minutes` guard stopped the run after {tr['steps_done']} of "
                  f"{r['total_steps']} steps." if tr["truncated"] else "")
     first, last = tr["history"][0], tr["history"][-1]
-    traj_time = ("; read from the work folder's cache (about 9 min to compute on two cores)"
+    traj_time = ("; read from the work folder's cache"
                  if tr.get("trajectories_cached") else
                  f", {tr['trajectory_seconds'] / 60:.1f} min")
     bench = ""

@@ -387,13 +387,14 @@ SAMPLER = Recipe(
 
 # pcLLM progressive consistency distillation (pcllm.py) on tandem-target, as a LoRA adapter on
 # every row that the engine merges into the weights (--merge-lora): Jacobi trajectories (block
-# n = 16) of the target's greedy continuations, the linear progressive noise schedule, the
+# n = 8) of the target's greedy continuations, the linear progressive noise schedule, the
 # consistency cross-entropy plus 10 x KL(target || adapted) on the clean stream. Trial runs on
-# the held-out bench prompts (code / prose, jacobi TPF; the target: 1.37 / 1.34): KL weight 3,
-# 1200 steps, 1.40 / 1.71 with clearly more repetitive greedy text (distinct bigrams 36% ->
-# 28%); weight 10, 1200 steps, 1.46 / 1.49 (33%); weight 10, 2400 steps, 1.39 / 1.42 (29%):
-# longer training drifts towards repetition without gaining. About 10 min on two quiet cores
-# after the trajectories (about 9 min, cached in --work).
+# the held-out bench prompts (code / prose, jacobi TPF at the engine's default n = 16; the
+# target: 1.37 / 1.34), all 1200 steps unless said: n = 16 with KL weight 3, 1.40 / 1.71 with
+# clearly more repetitive greedy text (distinct bigrams 36% -> 28%); n = 16, weight 10,
+# 1.39 / 1.40 (35%), and 1.39 / 1.42 (29%) at 2400 steps; n = 8, weight 10 (this recipe),
+# 1.55 / 1.65 (31%), held-out NLL 0.5% above the target's. About 10 min on two quiet cores
+# after the trajectories (about 5 min, cached in --work).
 PCLLM = Recipe(
     name="pcllm",
     description="pcLLM consistency-distilled LoRA on every row of tandem-target (jacobi)",
@@ -402,7 +403,7 @@ PCLLM = Recipe(
     modes=("jacobi",),
     seq_len=128,
     batch_size=8,
-    block_size=16,
+    block_size=8,
     peak_lr=1e-3,
     warmup_steps=20,
     weight_decay=0.0,
