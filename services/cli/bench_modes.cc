@@ -151,6 +151,10 @@ std::vector<Variant> AllVariants() {
       verify.options.nsp_verify = true;
       verify.options_json = {{"nsp_verify", true}};
       variants.push_back(std::move(verify));
+      Variant quadratic{mode, "nsp quadratic", ModeOptions{}, {}};
+      quadratic.options.nsp_quadratic = true;
+      quadratic.options_json = {{"nsp_quadratic", true}};
+      variants.push_back(std::move(quadratic));
     } else if (mode == "diffusion") {
       for (float t : {0.5f, 0.0f}) {
         Variant v{mode, absl::StrCat("diffusion t=", t), ModeOptions{}, {}};

@@ -333,6 +333,9 @@ void RegisterGenerate(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--nsp-verify", args->mode_options.nsp_verify,
                 "nsp: verify the block with the AR pathway (self-speculative, lossless)");
+  cmd->add_flag("--nsp-quadratic", args->mode_options.nsp_quadratic,
+                "nsp: the verified variant with drafting and verification in one forward per "
+                "step (lossless)");
   cmd->add_option("--self-spec-k", args->mode_options.self_spec_draft_len,
                   "self_spec: <|mask|> drafts per cycle; self_spec_quadratic: masks per group; "
                   "0 = the model's block size")

@@ -281,6 +281,7 @@ absl::Status ApplyModeOptions(const v1::ModeOptions& given, ModeOptions* options
     options->nsp_confidence = given.nsp_confidence();
   }
   if (given.has_nsp_verify()) options->nsp_verify = given.nsp_verify();
+  if (given.nsp_quadratic()) options->nsp_quadratic = true;
   if (given.isd_stride() != 0) {
     if (given.isd_stride() < 2) return bad("isd_stride must be >= 2, got ", given.isd_stride());
     options->isd_stride = given.isd_stride();

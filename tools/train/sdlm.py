@@ -305,8 +305,9 @@ tokens per forward, reproduces AR greedy: {'yes' if ver['all_match_ar_greedy'] e
 
 Serves `ar` and `nsp` (next sequence prediction, `docs/MODES.md`). `config.json` carries
 `block_size` = {cfg['block_size']}, `mask_token_id` = {cfg['mask_token_id']} and
-`tandem.nsp` (prediction `shifted`). `nsp` with `nsp_verify` is lossless; without it (longest
-prefix decoding at threshold `nsp_tau`) it is lossy.
+`tandem.nsp` (prediction `shifted`). `nsp` with `nsp_verify` (a draft forward, then a verify
+forward) or `nsp_quadratic` (drafting and verification in one forward) is lossless; without them
+(longest prefix decoding at threshold `nsp_tau`) it is lossy.
 """
     bench_path = folder / "bench.json"
     if bench_path.exists():
@@ -330,7 +331,10 @@ output equals AR greedy's. {model_card.AR_NLL_NOTE} Command:
 decoding takes even its first token from the block row rather than the causal one, so it drifts
 from AR greedy (`seq=AR`), and the block's later slots pass the default threshold on only part
 of the steps; lower thresholds commit more per forward at a higher AR-NLL. Its argmax drafts are
-right more often than they are confident: the verified variant, which is lossless, accepts a
-good share of them. tok/s moves with the machine's load; read it as an order of magnitude.
+right more often than they are confident: the verified variants, which are lossless, accept a
+good share of them. On a CPU the quadratic variant's steps (up to D² + D rows) cost more wall
+time than its forwards save (`docs/PERF.md`, the extend costs); on a GPU a step of that width
+costs little more than a decode step. tok/s moves with the machine's load; read it as an order
+of magnitude.
 """
     return _replace_section(text, "## Modes", "## Samples", modes + "\n")

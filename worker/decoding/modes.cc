@@ -124,15 +124,21 @@ absl::Status CheckModeOptions(std::string_view mode, const ModeOptions& o,
     return bad("isd_tau must be a finite number >= 0 (0 = lossless), got ", o.isd_tau);
   }
   TANDEM_RETURN_IF_ERROR(check_block("simsd_gamma", o.simsd_gamma, 0, {"simsd"}));
+  // A quadratic step verifies up to k drafts and drafts a group of k after each: k (k + 2) tokens.
+  auto check_quadratic = [&](const char* field, int64_t k) -> absl::Status {
+    if (k * (k + 2) <= limits.max_step_tokens) return absl::OkStatus();
+    return bad(std::string(mode), " with ", field, " ", k, " needs ", k * (k + 2),
+               " tokens per step, more than this verifier's step budget of ",
+               limits.max_step_tokens, " (--max-batch-tokens); ask for a shorter draft");
+  };
   if (mode == "self_spec_quadratic") {
-    // A step verifies k drafts and drafts k masks after each of them: k (k + 2) tokens.
-    const int64_t k =
-        o.self_spec_draft_len > 0 ? o.self_spec_draft_len : config.diffusion.block_size;
-    if (k * (k + 2) > limits.max_step_tokens) {
-      return bad("self_spec_quadratic with self_spec_draft_len ", k, " needs ", k * (k + 2),
-                 " tokens per step, more than this verifier's step budget of ",
-                 limits.max_step_tokens, " (--max-batch-tokens); ask for a shorter draft");
-    }
+    TANDEM_RETURN_IF_ERROR(check_quadratic(
+        "self_spec_draft_len",
+        o.self_spec_draft_len > 0 ? o.self_spec_draft_len : config.diffusion.block_size));
+  }
+  if (mode == "nsp" && o.nsp_quadratic) {
+    TANDEM_RETURN_IF_ERROR(
+        check_quadratic("nsp_block", o.nsp_block > 0 ? o.nsp_block : config.diffusion.block_size));
   }
   return absl::OkStatus();
 }
@@ -308,14 +314,21 @@ absl::StatusOr<std::unique_ptr<DecodingMode>> CreateMode(std::string_view name,
       return absl::InvalidArgumentError(absl::StrCat(
           "nsp confidence must be 'logit' or 'entropy', got '", options.nsp_confidence, "'"));
     }
-    NspOptions nsp{
-        .block_size = options.nsp_block > 0 ? options.nsp_block : config.diffusion.block_size,
-        .mask_token = *config.diffusion.mask_token_id,
-        .tau = options.nsp_tau,
-        .confidence =
-            options.nsp_confidence == "entropy" ? NspConfidence::kEntropy : NspConfidence::kLogit,
-        .verify = options.nsp_verify,
-        .eos_tokens = {config.eos_token_ids.begin(), config.eos_token_ids.end()}};
+    const int block = options.nsp_block > 0 ? options.nsp_block : config.diffusion.block_size;
+    if (options.nsp_quadratic) {
+      const SelfSpecQuadraticOptions quadratic{
+          .draft_len = block, .mask_token = *config.diffusion.mask_token_id, .shifted = true};
+      TANDEM_RETURN_IF_ERROR(ValidateSelfSpecQuadraticOptions(quadratic, config.vocab_size));
+      return std::make_unique<SelfSpecQuadraticMode>(quadratic, config.vocab_size,
+                                                     config.max_position_embeddings);
+    }
+    NspOptions nsp{.block_size = block,
+                   .mask_token = *config.diffusion.mask_token_id,
+                   .tau = options.nsp_tau,
+                   .confidence = options.nsp_confidence == "entropy" ? NspConfidence::kEntropy
+                                                                     : NspConfidence::kLogit,
+                   .verify = options.nsp_verify,
+                   .eos_tokens = {config.eos_token_ids.begin(), config.eos_token_ids.end()}};
     TANDEM_RETURN_IF_ERROR(ValidateNspOptions(nsp, config.vocab_size));
     return std::make_unique<NspMode>(std::move(nsp), config.vocab_size,
                                      config.max_position_embeddings);

@@ -40,7 +40,10 @@ struct ModeOptions {
   float nsp_tau = 0.9f;                  // keep the longest prefix with confidence product >= tau
   std::string nsp_confidence = "logit";  // "logit" (eq. 8) or "entropy" (eq. 9)
   bool nsp_verify = false;               // self-speculative AR verification: lossless
-  int spec_gamma = 4;                    // spec: draft tokens verified per step (0 = AR steps)
+  // The verified variant with drafting and verification in one forward per step (the quadratic
+  // layout of NLD §3.4 over SDLM blocks, self_spec_quadratic.h): lossless, whatever nsp_verify.
+  bool nsp_quadratic = false;
+  int spec_gamma = 4;  // spec: draft tokens verified per step (0 = AR steps)
   // simsd (SimSD on a block-diffusion target) reads diffusion_block_size for its block and
   // diffusion_threshold for the steps that complete a block, and drafts with spec_drafter.
   int simsd_gamma = 0;  // γ: drafts verified per step; 0 = the block size (the paper's choice)
@@ -67,8 +70,8 @@ struct ModeOptions {
 // Upper bounds on what a request may ask of a mode (every client-controlled size). The block-like
 // options (spec_gamma, jacobi_block_size, self_spec_draft_len, diffusion_block_size, nsp_block,
 // isd_stride, simsd_gamma) are never more than the model's context, and the ones the requested
-// mode reads at most `max_block` tokens; a mode's widest step (self_spec_quadratic's k (k + 2)
-// tokens) fits `max_step_tokens`.
+// mode reads at most `max_block` tokens; a mode's widest step (self_spec_quadratic's and
+// quadratic nsp's k (k + 2) tokens) fits `max_step_tokens`.
 struct ModeLimits {
   int max_block = 64;          // a verifier's --max-mode-block
   int max_step_tokens = 1024;  // the engine's step budget (EngineOptions::max_batch_tokens)

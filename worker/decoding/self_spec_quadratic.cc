@@ -54,8 +54,11 @@ StepPlan SelfSpecQuadraticMode::Plan(const DecodeState& state) {
   // gains at most m + 1 tokens, and every draft needs a position inside the context.
   int m = drafts_start_ == length ? static_cast<int>(drafts_.size()) : 0;
   m = std::max(0, std::min({m, state.budget - 1, max_positions_ - length}));
+  // A shifted group starts one position earlier, on a copy of the chain token there (without a
+  // pending token there is none: Consume reports the broken invariant).
+  const int shift = options_.shifted ? 1 : 0;
   // With one token of budget left no drafts can follow: the step is an AR step.
-  const bool groups = state.budget >= 2;
+  const bool groups = state.budget >= 2 && pending >= shift;
 
   layout_ = Layout{};
   layout_.pending = pending;
@@ -70,13 +73,15 @@ StepPlan SelfSpecQuadraticMode::Plan(const DecodeState& state) {
       plan.tokens.push_back(drafts_[a - 1]);
       plan.positions.push_back(length + a - 1);
     }
-    const int size =
-        groups ? std::max(0, std::min(options_.draft_len, max_positions_ - length - a)) : 0;
+    const int first = length + a - shift;  // the group's first position
+    const int size = groups ? std::max(0, std::min(options_.draft_len, max_positions_ - first)) : 0;
     group_start.push_back(static_cast<int>(plan.tokens.size()));
     layout_.group_sizes.push_back(size);
     for (int r = 0; r < size; ++r) {
-      plan.tokens.push_back(options_.mask_token);
-      plan.positions.push_back(length + a + r);
+      const int32_t token =
+          shift == 1 && r == 0 ? plan.tokens[chain[pending - 1 + a]] : options_.mask_token;
+      plan.tokens.push_back(token);
+      plan.positions.push_back(first + r);
     }
   }
 
@@ -86,8 +91,9 @@ StepPlan SelfSpecQuadraticMode::Plan(const DecodeState& state) {
     for (size_t j = 0; j <= i; ++j) plan.visible.Allow(chain[i], chain[j]);
   }
   for (int a = 0; a <= m; ++a) {
-    // Group a sees the pending tokens and e_0..e_{a-1}: the first pending + a chain entries.
-    const int prefix = pending + a;
+    // Group a sees the pending tokens and e_0..e_{a-1}: the first pending + a chain entries;
+    // a shifted group all but the last of them, whose copy heads the group.
+    const int prefix = pending + a - shift;
     for (int r = 0; r < layout_.group_sizes[a]; ++r) {
       const int row = group_start[a] + r;
       for (int j = 0; j < prefix; ++j) plan.visible.Allow(row, chain[j]);

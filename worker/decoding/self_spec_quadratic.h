@@ -22,6 +22,13 @@
 // token) uses p = (1 - lambda) softmax(AR row a) + lambda softmax(mask 0 of G_a). The paper
 // writes the same mixture with lambda on the AR term; here lambda = 0 is pure AR and lossless,
 // and any lambda > 0 is lossy (the output follows the mixture, not the AR model).
+//
+// SDLM blocks (`shifted`, the quadratic form of `nsp`'s self-speculative variant): an SDLM model
+// predicts with shifted blocks (worker/decoding/nsp.h), so group a is [the chain token at
+// L+a-1 (the last pending token for a = 0, e_{a-1} after), <|mask|> x (k-1)] at positions
+// L+a-1..L+a+k-2, seeing the chain before that token and its own group; its row r predicts
+// position L+a+r. Row r of a shifted group thus predicts what mask r of a plain group does, and
+// everything after the layout (verification, the next drafts from rows 1..k-1) is the same.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +47,8 @@ struct SelfSpecQuadraticOptions {
   // Run the model's LoRA adapter on the <|mask|> rows (NLD §3.3's LoRA drafter): no row outside
   // a group sees its masks, so the AR rows and the kept KV stay the base model's.
   bool lora_masks = false;
+  // SDLM blocks (see above): the layout of `nsp` with verification; the mode is named "nsp".
+  bool shifted = false;
 };
 
 absl::Status ValidateSelfSpecQuadraticOptions(const SelfSpecQuadraticOptions& options,
@@ -50,7 +59,9 @@ class SelfSpecQuadraticMode : public DecodingMode {
   SelfSpecQuadraticMode(const SelfSpecQuadraticOptions& options, int vocab_size, int max_positions)
       : options_(options), vocab_size_(vocab_size), max_positions_(max_positions) {}
 
-  std::string_view name() const override { return "self_spec_quadratic"; }
+  std::string_view name() const override {
+    return options_.shifted ? "nsp" : "self_spec_quadratic";
+  }
   bool lossless() const override { return options_.lambda == 0.0f; }
   StepPlan Plan(const DecodeState& state) override;
   absl::StatusOr<StepResult> Consume(const DecodeState& state, const StepPlan& plan,

@@ -109,6 +109,7 @@ TEST_F(ToSequenceRequestTest, NspIsdJacobiAndSimsdOptionsLandInModeOptions) {
   given.set_nsp_tau(0.0f);  // optional: an explicit 0 is a value, not "the default"
   given.set_nsp_confidence("entropy");
   given.set_nsp_verify(true);
+  given.set_nsp_quadratic(true);
   given.set_isd_stride(3);
   given.set_isd_tau(0.0f);
   given.set_isd_argmax_proposals(false);
@@ -126,6 +127,7 @@ TEST_F(ToSequenceRequestTest, NspIsdJacobiAndSimsdOptionsLandInModeOptions) {
   EXPECT_FLOAT_EQ(o.nsp_tau, 0.0f);
   EXPECT_EQ(o.nsp_confidence, "entropy");
   EXPECT_TRUE(o.nsp_verify);
+  EXPECT_TRUE(o.nsp_quadratic);
   EXPECT_EQ(o.isd_stride, 3);
   EXPECT_FLOAT_EQ(o.isd_tau, 0.0f);
   EXPECT_FALSE(o.isd_argmax_proposals);

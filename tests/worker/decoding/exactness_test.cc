@@ -118,6 +118,15 @@ ModeCase NspVerified(std::string label, int block) {
           .mask_block = block};
 }
 
+// nsp's quadratic variant: the same drafts, each step verifying the carried ones and drafting
+// after every acceptance length in one forward.
+ModeCase NspQuadratic(std::string label, int block) {
+  ModeCase c = NspVerified(std::move(label), block);
+  c.options.nsp_verify = false;  // the quadratic variant is verified whatever nsp_verify says
+  c.options.nsp_quadratic = true;
+  return c;
+}
+
 ModeCase Jacobi(std::string label, int n, int blocks, int candidates, int pool = 64,
                 bool lookup = false) {
   ModeOptions options = JacobiOptions(n, blocks, candidates, pool);
@@ -474,6 +483,8 @@ INSTANTIATE_TEST_SUITE_P(
         SelfSpecQuadratic("self_spec_quadratic_b8_k2", 8, 2),
         SelfSpecQuadratic("self_spec_quadratic_b8_k1", 8, 1), NspVerified("nsp_verify_b4", 4),
         NspVerified("nsp_verify_b8", 8), NspVerified("nsp_verify_b1", 1),
+        NspQuadratic("nsp_quadratic_b4", 4), NspQuadratic("nsp_quadratic_b8", 8),
+        NspQuadratic("nsp_quadratic_b1", 1),
         Spec("spec_g1_perturbed", 1, ModeCase::Drafter::kPerturbed),
         Spec("spec_g3_perturbed", 3, ModeCase::Drafter::kPerturbed),
         Spec("spec_g5_perturbed", 5, ModeCase::Drafter::kPerturbed),

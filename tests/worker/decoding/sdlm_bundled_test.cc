@@ -1,7 +1,8 @@
 // nsp on the bundled SDLM model (models/tandem-sdlm, trained by tools/train/sdlm.py) over the
-// held-out prompts of its fixtures/greedy.json: the self-speculative variant reproduces AR
-// greedy token for token (also when a stop token ends the sequence inside a step), and longest
-// prefix decoding commits more than one token per forward. Skips when the model is absent.
+// held-out prompts of its fixtures/greedy.json: the self-speculative variants (linear and
+// quadratic) reproduce AR greedy token for token (also when a stop token ends the sequence inside
+// a step), the quadratic one in fewer forwards, and longest prefix decoding commits more than one
+// token per forward. Skips when the model is absent.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -107,6 +108,45 @@ TEST_F(SdlmBundledTest, VerifiedNspEqualsArGreedy) {
               static_cast<double>(tokens) / forwards,
               steps > 0 ? static_cast<double>(accepted + steps) / steps : 0.0);
   EXPECT_GT(accepted, steps) << "no cycle accepted more than its first draft";
+}
+
+// The quadratic variant verifies and drafts in one forward: the same AR output, and more tokens
+// per forward than the linear variant's draft-then-verify cycle of two.
+TEST_F(SdlmBundledTest, QuadraticNspEqualsArGreedyInFewerForwards) {
+  int64_t tokens = 0, linear_forwards = 0, quadratic_forwards = 0;
+  for (size_t p = 0; p < prompts_.size(); ++p) {
+    ModeOptions linear_options;
+    linear_options.nsp_verify = true;
+    std::unique_ptr<DecodingMode> linear = Nsp(linear_options);
+    ModeOptions quadratic_options;
+    quadratic_options.nsp_quadratic = true;
+    std::unique_ptr<DecodingMode> quadratic = Nsp(quadratic_options);
+    ASSERT_NE(linear, nullptr);
+    ASSERT_NE(quadratic, nullptr);
+    EXPECT_TRUE(quadratic->lossless());
+    absl::StatusOr<RunStats> l = Decode(*linear, prompts_[p]);
+    absl::StatusOr<RunStats> q = Decode(*quadratic, prompts_[p]);
+    ASSERT_TRUE(l.ok()) << l.status();
+    ASSERT_TRUE(q.ok()) << q.status();
+    EXPECT_EQ(q->tokens, ar_[p]) << "prompt " << p;
+    tokens += static_cast<int64_t>(q->tokens.size());
+    linear_forwards += l->forwards;
+    quadratic_forwards += q->forwards;
+    // A stop token from the middle of the AR output ends it at the same place.
+    const int32_t stop = ar_[p][ar_[p].size() / 2];
+    std::unique_ptr<DecodingMode> stopped = Nsp(quadratic_options);
+    absl::StatusOr<RunStats> s = Decode(*stopped, prompts_[p], stop);
+    ArMode ar(model_->config().vocab_size);
+    absl::StatusOr<RunStats> want = Decode(ar, prompts_[p], stop);
+    ASSERT_TRUE(s.ok() && want.ok());
+    EXPECT_EQ(s->tokens, want->tokens) << "prompt " << p << " stop " << stop;
+    EXPECT_EQ(s->finish, want->finish);
+  }
+  const double linear_tpf = static_cast<double>(tokens) / linear_forwards;
+  const double quadratic_tpf = static_cast<double>(tokens) / quadratic_forwards;
+  std::printf("[ tpf      ] tandem-sdlm, nsp verify %.3f, nsp quadratic %.3f tokens/forward\n",
+              linear_tpf, quadratic_tpf);
+  EXPECT_GT(quadratic_tpf, linear_tpf);
 }
 
 TEST_F(SdlmBundledTest, LongestPrefixDecodingCommitsSeveralTokensPerForward) {

@@ -1,5 +1,6 @@
-// self_spec_quadratic with sampling at lambda = 0: point-mass p/q verification inside the one
-// fused forward must leave the AR distribution intact. The first three tokens of many seeded
+// self_spec_quadratic with sampling at lambda = 0, with plain and with shifted (SDLM, nsp's
+// quadratic variant) groups: point-mass p/q verification inside the one fused forward must leave
+// the AR distribution intact. The first three tokens of many seeded
 // runs are compared (chi-square) with their exact AR marginals, computed by enumeration: token 0
 // comes from the bootstrap step, token 1 from verifying the first carried draft (accepted or
 // resampled), token 2 from the bonus after an accepted draft or from a later step.
@@ -55,27 +56,33 @@ TEST(SelfSpecQuadraticSamplingTest, FirstTokensFollowTheArDistribution) {
     }
   }
 
-  constexpr int kRuns = 4000;
-  std::map<int32_t, int> counts[3];
-  int accepted = 0, drafted = 0;
-  for (int run = 0; run < kRuns; ++run) {
-    SelfSpecQuadraticMode mode({.draft_len = 4, .mask_token = vocab - 1}, vocab, 128);
-    RunOptions options{.max_tokens = 3, .sampling = sampling};
-    options.sampling.seed = 1000 + run;
-    absl::StatusOr<RunStats> r = testing::RunOnce(*model, mode, prompt, options);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(r->tokens.size(), 3u);
-    for (int i = 0; i < 3; ++i) ++counts[i][r->tokens[i]];
-    accepted += r->accepted;
-    drafted += r->drafted;
+  // Plain groups (self_spec_quadratic) and shifted SDLM blocks (nsp's quadratic variant).
+  for (bool shifted : {false, true}) {
+    SCOPED_TRACE(shifted ? "shifted" : "plain");
+    constexpr int kRuns = 4000;
+    std::map<int32_t, int> counts[3];
+    int accepted = 0, drafted = 0;
+    for (int run = 0; run < kRuns; ++run) {
+      SelfSpecQuadraticMode mode({.draft_len = 4, .mask_token = vocab - 1, .shifted = shifted},
+                                 vocab, 128);
+      RunOptions options{.max_tokens = 3, .sampling = sampling};
+      options.sampling.seed = 1000 + run;
+      absl::StatusOr<RunStats> r = testing::RunOnce(*model, mode, prompt, options);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->tokens.size(), 3u);
+      for (int i = 0; i < 3; ++i) ++counts[i][r->tokens[i]];
+      accepted += r->accepted;
+      drafted += r->drafted;
+    }
+    // Both outcomes of verification happen often.
+    EXPECT_GT(accepted, kRuns / 20);
+    EXPECT_GT(drafted - accepted, kRuns / 20);
+    EXPECT_TRUE(testing::FitsDistribution(counts[0], first, kRuns)) << "first token";
+    EXPECT_TRUE(testing::FitsDistribution(counts[1], second, kRuns)) << "second token";
+    EXPECT_TRUE(testing::FitsDistribution(counts[2], third, kRuns)) << "third token";
+    std::printf("[ verify   ] %s: %d of %d drafts accepted\n", shifted ? "shifted" : "plain",
+                accepted, drafted);
   }
-  // Both outcomes of verification happen often.
-  EXPECT_GT(accepted, kRuns / 20);
-  EXPECT_GT(drafted - accepted, kRuns / 20);
-  EXPECT_TRUE(testing::FitsDistribution(counts[0], first, kRuns)) << "first token";
-  EXPECT_TRUE(testing::FitsDistribution(counts[1], second, kRuns)) << "second token";
-  EXPECT_TRUE(testing::FitsDistribution(counts[2], third, kRuns)) << "third token";
-  std::printf("[ verify   ] %d of %d drafts accepted\n", accepted, drafted);
 }
 
 }  // namespace

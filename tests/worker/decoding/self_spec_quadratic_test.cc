@@ -1,5 +1,6 @@
-// self_spec_quadratic: the interleaved layout against a hand-written expectation, the drafts of
-// every step against the linear mode's separate draft pass over the same accepted prefix, and
+// self_spec_quadratic: the interleaved layout against a hand-written expectation (also with
+// nsp's shifted SDLM groups), the drafts of every step against the linear mode's separate draft
+// pass over the same accepted prefix (nsp's self-speculative one for shifted groups), and
 // (on the bundled tri-mode target) exactness against AR plus tokens per forward next to the
 // linear mode's. Random-weight exactness runs in exactness_test.
 #include "worker/decoding/self_spec_quadratic.h"
@@ -17,6 +18,7 @@
 #include "tests/worker/decoding/tiny_models.h"
 #include "worker/decoding/ar.h"
 #include "worker/decoding/modes.h"
+#include "worker/decoding/nsp.h"
 #include "worker/decoding/runner.h"
 #include "worker/decoding/self_spec.h"
 
@@ -99,6 +101,42 @@ TEST(SelfSpecQuadraticLayoutTest, InterleavedGroupsForK2) {
             (std::vector<int32_t>{6, kMask, kMask}));
 }
 
+TEST(SelfSpecQuadraticLayoutTest, ShiftedGroupsStartOnACopyOfTheChainToken) {
+  constexpr int32_t kMask = 31;
+  SelfSpecQuadraticMode mode({.draft_len = 2, .mask_token = kMask, .shifted = true}, 32, 64);
+  EXPECT_EQ(mode.name(), "nsp");
+  // Sequence 3 4 5 6 with 6 pending (L = 4); drafts 7 8 for positions 4, 5. Group a is
+  // [chain token at L+a-1, <|mask|>] at positions L+a-1, L+a and sees the chain before it.
+  const std::vector<int32_t> tokens = {3, 4, 5, 6};
+  const SamplingParams greedy;
+  mode.SetDraftsForTest({7, 8}, 4);
+  const StepPlan plan = mode.Plan(State(tokens, 3, 10, &greedy));
+  //                    index:  0  1  2      3  4  5      6  7  8
+  //                            p  G0 G0     e0 G1 G1     e1 G2 G2
+  EXPECT_EQ(plan.tokens, (std::vector<int32_t>{6, 6, kMask, 7, 7, kMask, 8, 8, kMask}));
+  EXPECT_EQ(plan.positions, (std::vector<int32_t>{3, 3, 4, 4, 4, 5, 5, 5, 6}));
+  EXPECT_EQ(SeenBy(plan.visible, 9), (std::vector<std::vector<int>>{
+                                         {0},           // pending
+                                         {1, 2},        // G0: its own group only
+                                         {1, 2},        //
+                                         {0, 3},        // e0: causal chain
+                                         {0, 4, 5},     // G1: pending + own group
+                                         {0, 4, 5},     //
+                                         {0, 3, 6},     // e1
+                                         {0, 3, 7, 8},  // G2: pending, e0 + own group
+                                         {0, 3, 7, 8},
+                                     }));
+  EXPECT_EQ(plan.outputs, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  // The first step (no drafts) is nsp's linear draft pass: [pending | x[L-1], <|mask|>].
+  SelfSpecQuadraticMode fresh({.draft_len = 2, .mask_token = kMask, .shifted = true}, 32, 64);
+  const StepPlan first = fresh.Plan(State(tokens, 2, 10, &greedy));
+  EXPECT_EQ(first.tokens, (std::vector<int32_t>{5, 6, 6, kMask}));
+  EXPECT_EQ(first.positions, (std::vector<int32_t>{2, 3, 3, 4}));
+  EXPECT_EQ(SeenBy(first.visible, 4),
+            (std::vector<std::vector<int>>{{0}, {0, 1}, {0, 2, 3}, {0, 2, 3}}));
+  EXPECT_EQ(first.outputs, (std::vector<int32_t>{1, 2, 3}));
+}
+
 TEST(SelfSpecQuadraticLayoutTest, OptionsAndLossiness) {
   ModelConfig config;
   config.vocab_size = 32;
@@ -119,6 +157,28 @@ TEST(SelfSpecQuadraticLayoutTest, OptionsAndLossiness) {
             absl::StatusCode::kInvalidArgument);
   config.diffusion.mask_token_id.reset();
   EXPECT_EQ(CreateMode("self_spec_quadratic", {}, config, SamplingParams{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SelfSpecQuadraticLayoutTest, NspQuadraticIsTheShiftedLosslessMode) {
+  ModelConfig config;
+  config.vocab_size = 32;
+  config.max_position_embeddings = 64;
+  config.diffusion.mask_token_id = 31;
+  config.diffusion.block_size = 4;
+  ModeOptions options;
+  options.nsp_quadratic = true;
+  options.nsp_tau = 0.1f;  // longest prefix decoding's knob; the quadratic variant ignores it
+  auto mode = CreateMode("nsp", options, config, SamplingParams{});
+  ASSERT_TRUE(mode.ok()) << mode.status();
+  EXPECT_EQ((*mode)->name(), "nsp");
+  EXPECT_TRUE((*mode)->lossless());
+  const std::vector<int32_t> tokens = {3, 4, 5};
+  const SamplingParams greedy;
+  const StepPlan plan = (*mode)->Plan(State(tokens, 2, 10, &greedy));
+  EXPECT_EQ(plan.tokens, (std::vector<int32_t>{5, 5, 31, 31, 31})) << "a block of the model's 4";
+  config.diffusion.mask_token_id.reset();
+  EXPECT_EQ(CreateMode("nsp", options, config, SamplingParams{}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -156,12 +216,14 @@ float MaxDifference(std::span<const float> a, std::span<const float> b) {
 // Decodes `steps` steps of the quadratic mode. After each, every mask group of the forward is
 // compared with the linear mode's draft pass over the prefix that group assumes (logits within
 // 1e-4), and the drafts carried to the next step with that pass's drafts for the accepted
-// prefix. Returns the number of steps whose drafts were compared.
+// prefix. `shifted`: SDLM groups, against nsp's self-speculative draft pass. Returns the number
+// of steps whose drafts were compared.
 int CompareWithLinearDraftPass(Transformer& model, int32_t mask, int k, std::vector<int32_t> tokens,
-                               int steps) {
+                               int steps, bool shifted = false) {
   const int vocab = model.config().vocab_size;
   const int max_positions = model.config().max_position_embeddings;
-  SelfSpecQuadraticMode quadratic({.draft_len = k, .mask_token = mask}, vocab, max_positions);
+  SelfSpecQuadraticMode quadratic({.draft_len = k, .mask_token = mask, .shifted = shifted}, vocab,
+                                  max_positions);
   const SamplingParams greedy;
   const int prompt_len = static_cast<int>(tokens.size());
   int kv_len = 0;
@@ -183,8 +245,15 @@ int CompareWithLinearDraftPass(Transformer& model, int32_t mask, int k, std::vec
       for (int i = 0; i < a; ++i) {
         prefix.push_back(plan.tokens[state.pending() + k + i * (k + 1)]);
       }
-      SelfSpecMode linear({.draft_len = k, .mask_token = mask}, vocab, max_positions);
-      const StepPlan lp = linear.Plan(State(prefix, kv_len, 1000, &greedy));
+      std::unique_ptr<DecodingMode> linear;
+      if (shifted) {
+        linear = std::make_unique<NspMode>(
+            NspOptions{.block_size = k, .mask_token = mask, .verify = true}, vocab, max_positions);
+      } else {
+        linear = std::make_unique<SelfSpecMode>(SelfSpecOptions{.draft_len = k, .mask_token = mask},
+                                                vocab, max_positions);
+      }
+      const StepPlan lp = linear->Plan(State(prefix, kv_len, 1000, &greedy));
       EXPECT_EQ(static_cast<int>(lp.outputs.size()), 1 + k);
       const ExtendOutput lo = RunPlan(model, committed, lp);
       // Output rows of the quadratic forward: AR row a, then group a's k masks.
@@ -222,6 +291,7 @@ TEST(SelfSpecQuadraticDraftTest, DraftsEqualTheLinearDraftPassOnRandomModels) {
           testing::TestPrompts(model->config().vocab_size - 1, 4, 40 + k);
       for (const std::vector<int32_t>& prompt : prompts) {
         EXPECT_EQ(CompareWithLinearDraftPass(*model, mask, k, prompt, 6), 6);
+        EXPECT_EQ(CompareWithLinearDraftPass(*model, mask, k, prompt, 6, /*shifted=*/true), 6);
       }
     }
   }

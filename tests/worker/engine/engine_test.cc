@@ -392,6 +392,13 @@ TEST_F(EngineTest, RefusesModeOptionsAndSamplingPastTheirBounds) {
   expect_invalid(
       "self_spec_quadratic", [](SequenceRequest& r) { r.mode_options.self_spec_draft_len = 40; },
       "needs 1680 tokens per step, more than this verifier's step budget of 1024");
+  expect_invalid(
+      "nsp",
+      [](SequenceRequest& r) {
+        r.mode_options.nsp_quadratic = true;
+        r.mode_options.nsp_block = 40;
+      },
+      "nsp with nsp_block 40 needs 1680 tokens per step");
   EXPECT_EQ(sink->events(), 0);
 
   // The bound is the engine's option: a smaller --max-mode-block refuses a smaller block.
