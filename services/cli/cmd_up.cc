@@ -100,6 +100,10 @@ int RunUp(const UpArgs& args) {
       std::fprintf(stderr, "tandem up: %s\n", std::string(used.message()).c_str());
       return 1;
     }
+    // The drafter then hosts the verifier's model, adapter merged alike.
+    if (!args.merge_lora.empty()) {
+      options.drafter_flags.insert(options.drafter_flags.end(), {"--merge-lora", args.merge_lora});
+    }
   }
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(std::move(options));
   if (!cluster.ok()) {
@@ -188,7 +192,7 @@ void RegisterUp(CLI::App& app, int* exit_code) {
   cmd->add_option("--merge-lora", args->merge_lora,
                   "The verifier's --merge-lora: a PEFT LoRA adapter merged into the served "
                   "model's weights (e.g. the pcLLM adapter, which jacobi decodes in fewer "
-                  "forwards)")
+                  "forwards); with --self-spec-drafter the drafter's too")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--start-timeout", args->start_timeout_seconds,
                   "Seconds each service may take to start")

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -173,6 +174,18 @@ absl::StatusOr<RunningServer> StartServer(const ServerFlags& flags,
   running.address = absl::StrCat(flags.listen.substr(0, colon), ":", running.port);
   running.server->GetHealthCheckService()->SetServingStatus(true);
   return running;
+}
+
+std::string ServedModelId(const std::string& model_dir, const std::string& merge_lora) {
+  // The last named folder of a path, whether or not it ends in a separator.
+  auto folder = [](const std::string& dir) {
+    std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
+    if (path.filename().empty()) path = path.parent_path();
+    return path.filename().string();
+  };
+  std::string id = folder(model_dir);
+  if (!merge_lora.empty()) id += "+" + folder(merge_lora);
+  return id;
 }
 
 void AnnounceListening(std::string_view role, const std::string& address) {

@@ -64,6 +64,11 @@ struct RunningServer {
 absl::StatusOr<RunningServer> StartServer(const ServerFlags& flags,
                                           const std::vector<grpc::Service*>& services);
 
+// The name a service gives the model it loaded from `model_dir`: the checkpoint folder's name
+// ("models/tandem-target/" -> "tandem-target"), and with an adapter merged into its weights
+// (--merge-lora) "<folder>+<adapter folder>", so that a router never mixes the two models.
+std::string ServedModelId(const std::string& model_dir, const std::string& merge_lora = "");
+
 // Prints "<role> listening on <address>" on stdout and flushes: `tandem up` and the tests read
 // the chosen port from this line.
 void AnnounceListening(std::string_view role, const std::string& address);

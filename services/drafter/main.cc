@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -24,27 +23,32 @@
 
 namespace {
 
-// The checkpoint directory's name ("models/tandem-target/" -> "tandem-target").
-std::string ModelId(const std::string& dir) {
-  std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
-  if (path.filename().empty()) path = path.parent_path();
-  return path.filename().string();
-}
+// The command line's own flags (the engine's, server's, metrics' and registry's go to their
+// option structs).
+struct Flags {
+  std::string model_dir;
+  std::string target_dir;  // a DFlash drafter's target
+  std::string merge_lora;  // PEFT adapter merged into the weights the drafter loads
+  int threads = 0;
+  std::string device = "cpu";
+  bool cuda_graphs = true;
+  std::string cpu_weights = "f32";
+  std::string cluster_token_file;
+};
 
-int Run(const std::string& model_dir, const std::string& target_dir,
-        tandem::DraftEngineOptions engine_options, int threads, const std::string& device_name,
-        bool cuda_graphs, const std::string& cpu_weights,
+int Run(const Flags& flags, tandem::DraftEngineOptions engine_options,
         tandem::HiddenTransportMode hidden_transport_mode, const tandem::ServerFlags& server_flags,
-        const tandem::MetricsFlags& metrics_flags, const tandem::RegistryFlags& registry_flags,
-        const std::string& cluster_token_file) {
-  absl::StatusOr<std::string> cluster_token = tandem::ReadClusterToken(cluster_token_file);
+        const tandem::MetricsFlags& metrics_flags, const tandem::RegistryFlags& registry_flags) {
+  const std::string& model_dir = flags.model_dir;
+  const std::string& target_dir = flags.target_dir;
+  absl::StatusOr<std::string> cluster_token = tandem::ReadClusterToken(flags.cluster_token_file);
   if (!cluster_token.ok()) {
     std::fprintf(stderr, "tandem-drafter: --cluster-token-file: %s\n",
                  std::string(cluster_token.status().message()).c_str());
     return 1;
   }
-  if (threads > 0) omp_set_num_threads(threads);
-  tandem::kernels::cpu::SetBlasThreads(threads);
+  if (flags.threads > 0) omp_set_num_threads(flags.threads);
+  tandem::kernels::cpu::SetBlasThreads(flags.threads);
   // A DFlash drafter runs on the target's embeddings and head: `model` is then the target.
   const bool dflash = tandem::IsDFlashCheckpoint(model_dir);
   if (dflash && target_dir.empty()) {
@@ -54,7 +58,7 @@ int Run(const std::string& model_dir, const std::string& target_dir,
     return 1;
   }
   absl::StatusOr<tandem::DeviceOptions> device =
-      tandem::ResolveDevice(device_name, cuda_graphs, cpu_weights);
+      tandem::ResolveDevice(flags.device, flags.cuda_graphs, flags.cpu_weights);
   if (!device.ok()) {
     std::fprintf(stderr, "tandem-drafter: --device: %s\n",
                  std::string(device.status().message()).c_str());
@@ -66,9 +70,10 @@ int Run(const std::string& model_dir, const std::string& target_dir,
     std::fprintf(stderr, "tandem-drafter: %s\n", std::string(usable.message()).c_str());
     return 1;
   }
+  // The weights it loads (a DFlash drafter's target's), with --merge-lora merged into them.
   const std::string& weights_dir = dflash ? target_dir : model_dir;
   absl::StatusOr<std::unique_ptr<tandem::Transformer>> model =
-      tandem::Transformer::Load(weights_dir, device->cpu_weights);
+      tandem::Transformer::Load(weights_dir, device->cpu_weights, flags.merge_lora);
   if (!model.ok()) {
     std::fprintf(stderr, "tandem-drafter: cannot load the model in '%s': %s\n", weights_dir.c_str(),
                  model.status().ToString().c_str());
@@ -163,7 +168,15 @@ int Run(const std::string& model_dir, const std::string& target_dir,
     }
   }
   const std::string worker_id = tandem::MakeWorkerId("drafter");
-  tandem::DrafterService service(engine->get(), {.model_id = ModelId(model_dir),
+  // The model it hosts and the one it drafts for: a DFlash drafter's target, or its own model
+  // when it drafts with that model's mask rows (split self-speculation); generic otherwise. A
+  // merged adapter makes another model of the weights it loaded, named as the verifier names it.
+  const std::string hosted =
+      tandem::ServedModelId(model_dir, dflash ? std::string() : flags.merge_lora);
+  const std::string target = dflash ? tandem::ServedModelId(target_dir, flags.merge_lora)
+                             : engine_options.mask_drafts > 0 ? hosted
+                                                              : std::string();
+  tandem::DrafterService service(engine->get(), {.model_id = hosted,
                                                  .worker_id = worker_id,
                                                  .hidden_transport = hidden_transport,
                                                  .device_sink = std::move(device_sink),
@@ -184,12 +197,7 @@ int Run(const std::string& model_dir, const std::string& target_dir,
         {.redis = registry_flags.redis,
          .auth = registry_flags.auth,
          .snapshot =
-             [worker_id, advertise, model = ModelId(model_dir), engine = engine->get(),
-              // The model it drafts for: a DFlash drafter's target, or its own model when it
-              // drafts with that model's mask rows (split self-speculation); generic otherwise.
-              target = dflash                           ? ModelId(target_dir)
-                       : engine_options.mask_drafts > 0 ? ModelId(model_dir)
-                                                        : std::string()] {
+             [worker_id, advertise, model = hosted, engine = engine->get(), target] {
                const tandem::DraftEngineStats stats = engine->Stats();
                return tandem::router::WorkerRecord{
                    .role = "drafter",
@@ -225,23 +233,26 @@ int Run(const std::string& model_dir, const std::string& target_dir,
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem-drafter: drafts greedy token chains for verifiers (Drafter gRPC API)."};
-  std::string model_dir;
+  Flags flags;
   tandem::DraftEngineOptions engine_options;
-  int threads = 0;
-  std::string device = "cpu";
-  bool cuda_graphs = true;
   tandem::ServerFlags server_flags;
-  std::string target_dir;
-  app.add_option("--model", model_dir,
+  app.add_option("--model", flags.model_dir,
                  "Checkpoint directory of the draft model: an AR model, or a DFlash drafter "
                  "(architectures TandemDFlashDrafter; needs --target-model)")
       ->envname("TANDEM_DRAFTER_MODEL")
       ->required();
-  app.add_option("--target-model", target_dir,
+  app.add_option("--target-model", flags.target_dir,
                  "DFlash drafters: the target's checkpoint directory (its embeddings and LM head "
                  "are the drafter's). The drafter then asks verifiers for the hidden states of "
                  "its dflash.target_layer_ids and drafts blocks conditioned on them")
       ->envname("TANDEM_DRAFTER_TARGET_MODEL");
+  app.add_option("--merge-lora", flags.merge_lora,
+                 "PEFT LoRA adapter directory merged into the weights at load (a DFlash "
+                 "drafter's: its target's), as the verifier's --merge-lora: give both the same "
+                 "adapter, so that the drafter drafts for the model the verifier serves, named "
+                 "<model>+<adapter folder>")
+      ->envname("TANDEM_DRAFTER_MERGE_LORA")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--kv-tokens", engine_options.kv_tokens,
                  "KV cache capacity in tokens, all sessions together (at least the model's "
                  "context)")
@@ -284,19 +295,20 @@ int main(int argc, char** argv) {
       ->envname("TANDEM_DRAFTER_BRANCHES")
       ->check(CLI::Range(0, tandem::kMaxBranches))
       ->capture_default_str();
-  app.add_option("--threads", threads, "CPU threads (OpenMP and matrix products); 0 = all cores")
+  app.add_option("--threads", flags.threads,
+                 "CPU threads (OpenMP and matrix products); 0 = all cores")
       ->envname("TANDEM_DRAFTER_THREADS")
       ->capture_default_str();
-  app.add_option("--device", device, "Where the draft model runs: cpu (fp32) or cuda (bf16 GPU)")
+  app.add_option("--device", flags.device,
+                 "Where the draft model runs: cpu (fp32) or cuda (bf16 GPU)")
       ->envname("TANDEM_DRAFTER_DEVICE")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--cuda-graphs", cuda_graphs,
+  app.add_option("--cuda-graphs", flags.cuda_graphs,
                  "With --device cuda: replay decode steps as CUDA graphs per batch-size bucket")
       ->envname("TANDEM_DRAFTER_CUDA_GRAPHS")
       ->capture_default_str();
-  std::string cpu_weights = "f32";
-  app.add_option("--cpu-weights", cpu_weights, tandem::kCpuWeightsHelp)
+  app.add_option("--cpu-weights", flags.cpu_weights, tandem::kCpuWeightsHelp)
       ->envname("TANDEM_DRAFTER_CPU_WEIGHTS")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
@@ -307,9 +319,7 @@ int main(int argc, char** argv) {
   tandem::AddMetricsFlags(app, &metrics_flags, "TANDEM_DRAFTER");
   tandem::RegistryFlags registry_flags;
   tandem::AddRegistryFlags(app, &registry_flags, "TANDEM_DRAFTER");
-  std::string cluster_token_file;
-  tandem::AddClusterTokenFlag(app, &cluster_token_file);
+  tandem::AddClusterTokenFlag(app, &flags.cluster_token_file);
   CLI11_PARSE(app, argc, argv);
-  return Run(model_dir, target_dir, engine_options, threads, device, cuda_graphs, cpu_weights,
-             hidden_transport, server_flags, metrics_flags, registry_flags, cluster_token_file);
+  return Run(flags, engine_options, hidden_transport, server_flags, metrics_flags, registry_flags);
 }

@@ -2,7 +2,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <iostream>
 #include <random>
 
@@ -153,8 +152,10 @@ int Run(Flags flags) {
       std::cerr << "tandem-verifier: calibration skipped " << skipped << "\n";
     }
   }
+  // With an adapter merged the verifier serves another model than the folder's: it gets its own
+  // name (<model>+<adapter folder>).
   tandem::VerifierIdentity identity{
-      .model_id = std::filesystem::path(flags.model).lexically_normal().filename().string(),
+      .model_id = tandem::ServedModelId(flags.model, flags.merge_lora),
       .worker_id = RandomWorkerId(),
       .default_mode = flags.default_mode};
   if (flags.tool_call_syntax == "auto") {
@@ -164,17 +165,6 @@ int Run(Flags flags) {
   } else {
     // The flag's values are checked by the parser.
     identity.tool_call_syntax = *tandem::ToolCallSyntaxOf(flags.tool_call_syntax);
-  }
-  if (identity.model_id.empty()) {
-    identity.model_id =
-        std::filesystem::path(flags.model).lexically_normal().parent_path().filename().string();
-  }
-  if (!flags.merge_lora.empty()) {
-    // Another model than the folder's: it gets its own name, so that a router never mixes the
-    // two under one.
-    std::filesystem::path adapter = std::filesystem::path(flags.merge_lora).lexically_normal();
-    if (adapter.filename().empty()) adapter = adapter.parent_path();
-    identity.model_id += "+" + adapter.filename().string();
   }
   tandem::ModeOptions mode_defaults;
   mode_defaults.spec_gamma = flags.spec_gamma;

@@ -116,7 +116,7 @@ TEST_F(ClusterTest, VerifierHonoursNspIsdSimsdAndDiffusionOptions) {
     v1::ModeOptions wire;
     ModeOptions local;
   };
-  std::vector<Case> cases(5);
+  std::vector<Case> cases(6);
   cases[0].mode = "nsp";
   cases[0].wire.set_nsp_tau(0.5f);
   cases[0].local.nsp_tau = 0.5f;
@@ -137,6 +137,10 @@ TEST_F(ClusterTest, VerifierHonoursNspIsdSimsdAndDiffusionOptions) {
   cases[4].mode = "diffusion";
   cases[4].wire.set_diffusion_sampler(0.5f);
   cases[4].local.diffusion_sampler = 0.5f;
+  // nsp's quadratic variant (lossless: the response says so).
+  cases[5].mode = "nsp";
+  cases[5].wire.set_nsp_quadratic(true);
+  cases[5].local.nsp_quadratic = true;
   for (const Case& c : cases) {
     for (const std::string& prompt : kPrompts) {
       SCOPED_TRACE("mode " + c.mode + " " + c.wire.ShortDebugString() + ", prompt '" + prompt +
@@ -543,9 +547,11 @@ TEST(TandemUpTest, MergeLoraServesTheAdaptedModel) {
   ASSERT_NE(expected->tokens, base->tokens)
       << "the adapter leaves this prompt's greedy output as it was: the test would prove nothing";
 
-  auto up = ChildProcess::Start({.name = "tandem up",
-                                 .argv = {BinaryPath("cli", "tandem"), "up", "--listen",
-                                          "127.0.0.1:0", "--merge-lora", adapter}});
+  // With --self-spec-drafter the drafter hosts the target too, adapter merged alike.
+  auto up =
+      ChildProcess::Start({.name = "tandem up",
+                           .argv = {BinaryPath("cli", "tandem"), "up", "--listen", "127.0.0.1:0",
+                                    "--merge-lora", adapter, "--self-spec-drafter"}});
   ASSERT_TRUE(up.ok()) << up.status();
   auto address = (*up)->WaitForAddress(absl::Seconds(180));
   ASSERT_TRUE(address.ok()) << address.status();
@@ -555,7 +561,7 @@ TEST(TandemUpTest, MergeLoraServesTheAdaptedModel) {
   ASSERT_TRUE(stub->ListModels(&context, v1::ListModelsRequest(), &models).ok());
   ASSERT_EQ(models.models_size(), 1);
   EXPECT_EQ(models.models(0).id(), "tandem-target+pcllm-lora");  // not the plain target's name
-  for (const char* mode : {"ar", "jacobi"}) {
+  for (const char* mode : {"ar", "jacobi", "spec"}) {
     StreamResult result = Generate(*stub, Greedy(kPrompts[0], mode, 24));
     ASSERT_TRUE(result.status.ok()) << mode << ": " << result.status.error_message();
     EXPECT_EQ(result.tokens, expected->tokens) << mode;
@@ -563,6 +569,37 @@ TEST(TandemUpTest, MergeLoraServesTheAdaptedModel) {
   (*up)->Signal(SIGTERM);
   std::optional<int> status = (*up)->WaitForExit(absl::Seconds(60));
   ASSERT_TRUE(status.has_value()) << "tandem up did not stop within 60 s";
+}
+
+// A drafter given the verifier's --merge-lora hosts the same adapted model under the same name
+// (<model>+<adapter folder>): split self-speculation drafts for the model the verifier serves.
+TEST(MergedAdapterTest, ASelfSpecDrafterHostsTheVerifiersModel) {
+  const std::string adapter = TargetModelDir() + "/pcllm-lora";
+  if (!std::filesystem::exists(adapter + "/adapter_config.json")) {
+    GTEST_SKIP() << "no adapter at " << adapter;
+  }
+  absl::StatusOr<LoadedModel> merged = LoadModelDir(TargetModelDir(), {}, adapter);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  LocalGenerator generator(&*merged);
+  GenerateOptions options;
+  options.max_tokens = 32;
+  auto expected = generator.Generate(kPrompts[1], options);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  auto cluster =
+      Cluster::Start({.verifier_flags = {"--merge-lora", adapter},
+                      .drafter_model_flags = {"--model", TargetModelDir(), "--mask-drafts", "4",
+                                              "--merge-lora", adapter}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto drafter = v1::Drafter::NewStub(
+      grpc::CreateChannel((*cluster)->drafter_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::WorkerInfo info;
+  ASSERT_TRUE(drafter->GetInfo(&context, v1::WorkerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model(), "tandem-target+pcllm-lora");
+  StreamResult result = Generate((*cluster)->generation(), Greedy(kPrompts[1], "spec", 32));
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  EXPECT_EQ(result.tokens, expected->tokens);
 }
 
 // The pids of `pid`'s children, in the order they were started.
