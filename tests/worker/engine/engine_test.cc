@@ -62,19 +62,24 @@ TEST_F(EngineTest, PreemptionKeepsOutputsExact) {
 
 // Which sequences of a mixed batch get preempted depends on timing (a spec sequence waiting
 // for its chain sits a step out and is the first victim), so each mode that keeps state across
-// steps (blocks in flight, drafts) is preempted here on its own.
+// steps (blocks in flight, drafts) is preempted here on its own. Even alone, whether the cache
+// runs out depends on how far the first sequences got before the last ones came (seen once
+// without a preemption for spec, whose sequences finish in few steps): each mode gets up to three
+// runs to be preempted, every one of them exact.
 TEST_F(EngineTest, PreemptionKeepsEveryStatefulModeExact) {
   for (const std::string mode : {"jacobi", "spec", "self_spec", "diffusion"}) {
     SCOPED_TRACE(mode);
-    EngineOptions options;
-    options.context = 128;  // as above: kPrompts x (64 + 24) tokens against 128 + 256
-    options.kv_tokens = 128 + kEngineKvHeadroom;
-    options.draft_timeout = absl::Seconds(10);
-    auto engine = MakeEngine(options);
-    ASSERT_NE(engine, nullptr);
-    const auto sinks = ExpectMatchesReference(*engine, Jobs({mode}));
     int64_t preemptions = 0;
-    for (const auto& sink : sinks) preemptions += sink->usage().preemptions;
+    for (int attempt = 0; attempt < 3 && preemptions == 0; ++attempt) {
+      EngineOptions options;
+      options.context = 128;  // as above: kPrompts x (64 + 24) tokens against 128 + 256
+      options.kv_tokens = 128 + kEngineKvHeadroom;
+      options.draft_timeout = absl::Seconds(10);
+      auto engine = MakeEngine(options);
+      ASSERT_NE(engine, nullptr);
+      const auto sinks = ExpectMatchesReference(*engine, Jobs({mode}));
+      for (const auto& sink : sinks) preemptions += sink->usage().preemptions;
+    }
     EXPECT_GT(preemptions, 0);
   }
 }
