@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -461,7 +460,7 @@ def train(args, recipe) -> int:
     """train.py's driver for objective "dflash" (same options, checkpoints and summary)."""
     import corpus as corpus_lib
     import export
-    import tokenizers
+    import run_info
     import tokenizer as tokenizer_lib
     import train as train_lib
     spec = recipe.dflash
@@ -576,11 +575,8 @@ def train(args, recipe) -> int:
         "train_wall_seconds": round(train_wall, 1),
         "stage_wall_seconds": {k: round(v, 1) for k, v in stage_wall.items()},
         "resumed": bool(args.resume),
-        "hardware": {"cpu": train_lib.cpu_name(), "logical_cpus": os.cpu_count(),
-                     "threads": args.threads, "device": args.device,
-                     "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "tokenizers": tokenizers.__version__, "numpy": np.__version__},
+        "hardware": run_info.hardware(args.threads, args.device),
+        "versions": run_info.versions(),
         "corpus": corpus.stats() | {"train_tokens": len(stream), "heldout_tokens": held_len},
         "distill": distill_info,
         "history": history,

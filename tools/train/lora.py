@@ -34,10 +34,14 @@ Training objectives (`losses`), base frozen, only the adapter trains:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import time
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -234,14 +238,30 @@ def draft_accuracy(objective: str, model: Qwen3LM, gate: Gate, windows: torch.Te
 # Training driver (train.py --recipe risd | self_spec_lora).
 
 
-def train(args, recipe) -> int:
-    import os
-    import platform
-    import tempfile
-    import time
+# ---------------------------------------------------------------------------------------------
+# Training an adapter on a frozen bundled model (this module's objectives and pcllm.py's).
 
-    import numpy as np
-    import tokenizers
+@dataclasses.dataclass
+class Run:
+    """What every adapter recipe starts from: the frozen base model and its data."""
+    repo: Path
+    out: Path   # the adapter folder
+    work: Path  # caches (distilled rows, trajectories)
+    model: Qwen3LM
+    tok: object  # tokenizers.Tokenizer
+    held_stream: np.ndarray  # held-out split, one token stream
+    held: torch.Tensor       # held-out windows of seq_len + 1 tokens
+    stream: np.ndarray       # train split
+    rows: np.ndarray         # the distilled target continuations (distill.py)
+    plens: np.ndarray        # their prompt lengths
+    distill_info: dict
+    t_start: float
+
+
+def prepare(args, recipe) -> Run:
+    """Threads, determinism, the base model, the corpus streams, held-out windows and the
+    distilled rows of `recipe` (cached in the work folder)."""
+    import tempfile
 
     import corpus as corpus_lib
     import data
@@ -250,38 +270,35 @@ def train(args, recipe) -> int:
     import tokenizer as tokenizer_lib
 
     repo = Path(__file__).resolve().parents[2]
-    spec = recipe.lora
     base_dir = repo / "models" / recipe.init_from
-    out = args.out or base_dir / spec.folder
     work = args.work or Path(tempfile.gettempdir()) / f"tandem-train-{recipe.name}"
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     t_start = time.time()
-
-    model, config, tok = export.load(base_dir)
-    mask_id = tokenizer_lib.special_ids(tok)[tokenizer_lib.MASK]
+    model, _, tok = export.load(base_dir)
     eos_id = tokenizer_lib.special_ids(tok)[tokenizer_lib.ENDOFTEXT]
     corpus = corpus_lib.load()
     stream = data.token_stream(tok, corpus.train, eos_id)
-    held = data.heldout_windows(data.token_stream(tok, corpus.heldout, eos_id),
-                                recipe.seq_len + 1)[:spec.eval_windows]
-    rows, _, distill_info = distill.load_or_build(repo / "models" / recipe.distill.target, stream,
-                                                  recipe.distill, recipe.seq_len + 1, work)
-    sampler = distill.BatchSampler(rows, stream, recipe.distill.raw_fraction)
-    gate = attach(model, spec.rank, spec.alpha, spec.targets, seed=recipe.seed)
-    params = trainable(model)
-    n_params = sum(p.numel() for p in params)
+    held_stream = data.token_stream(tok, corpus.heldout, eos_id)
+    held = data.heldout_windows(held_stream, recipe.seq_len + 1)[:recipe.lora.eval_windows]
+    rows, plens, distill_info = distill.load_or_build(
+        repo / "models" / recipe.distill.target, stream, recipe.distill, recipe.seq_len + 1, work)
+    return Run(repo=repo, out=args.out or base_dir / recipe.lora.folder, work=work, model=model,
+               tok=tok, held_stream=held_stream, held=held, stream=stream, rows=rows,
+               plens=plens, distill_info=distill_info, t_start=t_start)
+
+
+def optimise(args, recipe, run: Run, params: list[nn.Parameter],
+             step_loss: Callable[[int], tuple[torch.Tensor, dict[str, float]]],
+             log_digits: dict[str, int]) -> tuple[list[dict], int, bool]:
+    """AdamW over `params` on the recipe's schedule, stopping early at --minutes. `step_loss(step)`
+    draws the step's batch and returns its loss and the scalars to log, each averaged over every
+    10 steps into the history with `log_digits[name]` decimals. Returns (history, steps done,
+    truncated)."""
     opt = torch.optim.AdamW(params, lr=recipe.peak_lr, betas=recipe.betas,
                             weight_decay=recipe.weight_decay)
-    S, obj = recipe.block_size, recipe.objective
-    evaluate = lambda use: draft_accuracy(obj, model, gate, held, S, mask_id, spec.draft_slots, use)
-    model.eval()
-    before = evaluate(False)
-    print(f"recipe {recipe.name}: adapter of {n_params:,d} parameters on models/"
-          f"{recipe.init_from}; held-out drafts without adapter {before}", flush=True)
-
-    deadline = t_start + args.minutes * 60 if args.minutes else None
+    deadline = run.t_start + args.minutes * 60 if args.minutes else None
     steps = recipe.total_steps
     history, window, step, truncated = [], [], 0, False
     for step in range(steps):
@@ -292,44 +309,77 @@ def train(args, recipe) -> int:
         lr = recipe.lr_at(step)
         for group in opt.param_groups:
             group["lr"] = lr
-        tokens = sampler(data.step_rng(recipe.seed, 0, step), recipe.batch_size,
-                         recipe.seq_len + 1)
-        value, active = loss(obj, model, gate, tokens, S, mask_id)
+        value, logged = step_loss(step)
         opt.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, recipe.grad_clip)
         opt.step()
-        window.append((value.item(), active, time.time() - t_step))
+        window.append((logged, time.time() - t_step))
         if (step + 1) % 10 == 0 or step + 1 == steps:
-            rec = {"step": step + 1, "lr": lr,
-                   "draft_loss": round(float(np.mean([w[0] for w in window])), 4),
-                   "active_slots": round(float(np.mean([w[1] for w in window])), 1),
-                   "s_per_step": round(float(np.mean([w[2] for w in window])), 3),
-                   "elapsed_s": round(time.time() - t_start, 1)}
+            rec = {"step": step + 1, "lr": lr}
+            for name, digits in log_digits.items():
+                rec[name] = round(float(np.mean([w[0][name] for w in window])), digits)
+            rec["s_per_step"] = round(float(np.mean([w[1] for w in window])), 3)
+            rec["elapsed_s"] = round(time.time() - run.t_start, 1)
             history.append(rec)
             window = []
-            print(f"step {rec['step']:4d}/{steps} lr {lr:.2e} draft loss {rec['draft_loss']:.3f} "
-                  f"active {rec['active_slots']} | {rec['elapsed_s'] / 60:.1f} min, "
-                  f"{rec['s_per_step']:.2f} s/step", flush=True)
-    steps_done = step + (0 if truncated else 1)
-    train_wall = time.time() - t_start
-    save(out, model, spec.rank, spec.alpha, spec.targets, recipe.init_from)
-    after = evaluate(True)
-    print(f"held-out drafts with adapter {after}", flush=True)
+            values = " ".join(f"{name} {rec[name]:.3f}" for name in log_digits)
+            print(f"step {rec['step']:4d}/{steps} lr {lr:.2e} {values} | "
+                  f"{rec['elapsed_s'] / 60:.1f} min, {rec['s_per_step']:.2f} s/step", flush=True)
+    return history, step + (0 if truncated else 1), truncated
+
+
+def write_summary(args, recipe, run: Run, n_params: int, steps_done: int, truncated: bool,
+                  train_wall: float, history: list[dict], **fields) -> None:
+    """training.json: the recipe, steps, wall time, where it ran, the data and the history, with
+    the recipe's own `fields` before the history."""
+    import run_info
+
     summary = {
         "recipe": recipe.to_json(), "steps_done": steps_done, "truncated": truncated,
         "adapter_parameters": n_params, "train_wall_seconds": round(train_wall, 1),
-        "hardware": {"threads": args.threads, "device": "cpu",
-                     "logical_cpus": os.cpu_count()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "tokenizers": tokenizers.__version__, "numpy": np.__version__},
-        "distill": distill_info,
-        "heldout_windows": int(held.shape[0]),
-        "heldout_drafts": {"without_adapter": before, "with_adapter": after},
-        "history": history,
+        "hardware": run_info.hardware(args.threads), "versions": run_info.versions(),
+        "distill": run.distill_info, "heldout_windows": int(run.held.shape[0]),
+        **fields, "history": history,
     }
-    (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"adapter written to {out} after {train_wall / 60:.1f} min", flush=True)
+    (run.out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"adapter written to {run.out} after {train_wall / 60:.1f} min", flush=True)
+
+
+def train(args, recipe) -> int:
+    import data
+    import distill
+    import tokenizer as tokenizer_lib
+
+    run = prepare(args, recipe)
+    spec, model = recipe.lora, run.model
+    mask_id = tokenizer_lib.special_ids(run.tok)[tokenizer_lib.MASK]
+    sampler = distill.BatchSampler(run.rows, run.stream, recipe.distill.raw_fraction)
+    gate = attach(model, spec.rank, spec.alpha, spec.targets, seed=recipe.seed)
+    params = trainable(model)
+    n_params = sum(p.numel() for p in params)
+    S, obj = recipe.block_size, recipe.objective
+    evaluate = lambda use: draft_accuracy(obj, model, gate, run.held, S, mask_id,  # noqa: E731
+                                          spec.draft_slots, use)
+    model.eval()
+    before = evaluate(False)
+    print(f"recipe {recipe.name}: adapter of {n_params:,d} parameters on models/"
+          f"{recipe.init_from}; held-out drafts without adapter {before}", flush=True)
+
+    def step_loss(step: int):
+        tokens = sampler(data.step_rng(recipe.seed, 0, step), recipe.batch_size,
+                         recipe.seq_len + 1)
+        value, active = loss(obj, model, gate, tokens, S, mask_id)
+        return value, {"draft_loss": value.item(), "active_slots": active}
+
+    history, steps_done, truncated = optimise(
+        args, recipe, run, params, step_loss, {"draft_loss": 4, "active_slots": 1})
+    train_wall = time.time() - run.t_start
+    save(run.out, model, spec.rank, spec.alpha, spec.targets, recipe.init_from)
+    after = evaluate(True)
+    print(f"held-out drafts with adapter {after}", flush=True)
+    write_summary(args, recipe, run, n_params, steps_done, truncated, train_wall, history,
+                  heldout_drafts={"without_adapter": before, "with_adapter": after})
     return 0
 
 

@@ -274,42 +274,17 @@ def heldout_prompts(stream: np.ndarray, count: int, length: int, seed: int = 5) 
 
 
 def train(args, recipe) -> int:
-    import os
-    import platform
-    import tempfile
     import time
 
-    import tokenizers
-
-    import corpus as corpus_lib
     import data
-    import distill
-    import export
-    import tokenizer as tokenizer_lib
 
-    repo = Path(__file__).resolve().parents[2]
-    spec = recipe.lora
-    base_dir = repo / "models" / recipe.init_from
-    out = args.out or base_dir / spec.folder
-    work = args.work or Path(tempfile.gettempdir()) / f"tandem-train-{recipe.name}"
-    work.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    t_start = time.time()
-
-    model, config, tok = export.load(base_dir)
-    eos_id = tokenizer_lib.special_ids(tok)[tokenizer_lib.ENDOFTEXT]
-    corpus = corpus_lib.load()
-    stream = data.token_stream(tok, corpus.train, eos_id)
-    held_stream = data.token_stream(tok, corpus.heldout, eos_id)
-    held = data.heldout_windows(held_stream, recipe.seq_len + 1)[:spec.eval_windows]
-    rows, plens, distill_info = distill.load_or_build(
-        repo / "models" / recipe.distill.target, stream, recipe.distill, recipe.seq_len + 1, work)
+    run = lora.prepare(args, recipe)
+    spec, model, rows, plens = recipe.lora, run.model, run.rows, run.plens
     n = recipe.block_size
     if any(int(p) % n for p in plens):
         raise ValueError(f"distilled prompt lengths {sorted(set(plens.tolist()))} are not "
                          f"multiples of the block size {n}")
-    traj_path = work / f"pcllm-trajectories-{distill_info['cache_file']}-n{n}.npy"
+    traj_path = run.work / f"pcllm-trajectories-{run.distill_info['cache_file']}-n{n}.npy"
     t0 = time.time()
     traj_cached = traj_path.exists()
     if traj_cached:
@@ -322,22 +297,11 @@ def train(args, recipe) -> int:
     gate = lora.attach(model, spec.rank, spec.alpha, spec.targets, seed=recipe.seed)
     params = lora.trainable(model)
     n_params = sum(p.numel() for p in params)
-    opt = torch.optim.AdamW(params, lr=recipe.peak_lr, betas=recipe.betas,
-                            weight_decay=recipe.weight_decay)
     L = recipe.seq_len
-    steps = recipe.total_steps
-    deadline = t_start + args.minutes * 60 if args.minutes else None
-    history, window, step, truncated = [], [], 0, False
     print(f"recipe {recipe.name}: adapter of {n_params:,d} parameters on every row of models/"
           f"{recipe.init_from}; {rows.shape[0]} trajectories rows", flush=True)
-    for step in range(steps):
-        if deadline is not None and time.time() > deadline:
-            truncated = True
-            break
-        t_step = time.time()
-        lr = recipe.lr_at(step)
-        for group in opt.param_groups:
-            group["lr"] = lr
+
+    def step_loss(step: int):
         rng = data.step_rng(recipe.seed, 0, step)
         pick = rng.integers(0, rows.shape[0], size=recipe.batch_size)
         tokens = torch.from_numpy(rows[pick].astype(np.int64))
@@ -345,47 +309,22 @@ def train(args, recipe) -> int:
         with torch.no_grad():
             base_logits = model(tokens[:, :L])  # the gate is off: the target's logits
         value, parts = loss(model, gate, base_logits, tokens, noisy, labelled, n, spec.ar_weight)
-        opt.zero_grad(set_to_none=True)
-        value.backward()
-        torch.nn.utils.clip_grad_norm_(params, recipe.grad_clip)
-        opt.step()
-        window.append((parts["pc"], parts["kl"], time.time() - t_step))
-        if (step + 1) % 10 == 0 or step + 1 == steps:
-            rec = {"step": step + 1, "lr": lr,
-                   "consistency_loss": round(float(np.mean([w[0] for w in window])), 4),
-                   "kl": round(float(np.mean([w[1] for w in window])), 4),
-                   "s_per_step": round(float(np.mean([w[2] for w in window])), 3),
-                   "elapsed_s": round(time.time() - t_start, 1)}
-            history.append(rec)
-            window = []
-            print(f"step {rec['step']:4d}/{steps} lr {lr:.2e} consistency {rec['consistency_loss']:.3f}"
-                  f" kl {rec['kl']:.4f} | {rec['elapsed_s'] / 60:.1f} min, "
-                  f"{rec['s_per_step']:.2f} s/step", flush=True)
-    steps_done = step + (0 if truncated else 1)
-    train_wall = time.time() - t_start
-    lora.save(out, model, spec.rank, spec.alpha, spec.targets, recipe.init_from)
+        return value, {"consistency_loss": parts["pc"], "kl": parts["kl"]}
+
+    history, steps_done, truncated = lora.optimise(
+        args, recipe, run, params, step_loss, {"consistency_loss": 4, "kl": 4})
+    train_wall = time.time() - run.t_start
+    lora.save(run.out, model, spec.rank, spec.alpha, spec.targets, recipe.init_from)
     model.eval()
-    nll = {"target": round(heldout_nll(model, None, held), 4),
-           "adapted": round(heldout_nll(model, gate, held), 4)}
-    decode = decode_measures(model, gate, heldout_prompts(held_stream, spec.eval_prompts, 48),
+    nll = {"target": round(heldout_nll(model, None, run.held), 4),
+           "adapted": round(heldout_nll(model, gate, run.held), 4)}
+    decode = decode_measures(model, gate, heldout_prompts(run.held_stream, spec.eval_prompts, 48),
                              64, n)
     print(f"held-out NLL {nll}; decoding {decode}", flush=True)
-    summary = {
-        "recipe": recipe.to_json(), "steps_done": steps_done, "truncated": truncated,
-        "adapter_parameters": n_params, "train_wall_seconds": round(train_wall, 1),
-        "trajectory_seconds": round(traj_seconds, 1), "trajectories_cached": traj_cached,
-        "trajectory_states": int(traj.shape[0] * traj.shape[1]),
-        "hardware": {"threads": args.threads, "device": "cpu", "logical_cpus": os.cpu_count()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "tokenizers": tokenizers.__version__, "numpy": np.__version__},
-        "distill": distill_info,
-        "heldout_windows": int(held.shape[0]),
-        "heldout_nll": nll,
-        "heldout_decoding": decode,
-        "history": history,
-    }
-    (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"adapter written to {out} after {train_wall / 60:.1f} min", flush=True)
+    lora.write_summary(args, recipe, run, n_params, steps_done, truncated, train_wall, history,
+                       trajectory_seconds=round(traj_seconds, 1), trajectories_cached=traj_cached,
+                       trajectory_states=int(traj.shape[0] * traj.shape[1]), heldout_nll=nll,
+                       heldout_decoding=decode)
     return 0
 
 

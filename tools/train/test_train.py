@@ -539,6 +539,44 @@ class GatedLoraTest(unittest.TestCase):
             self.assertTrue(all(moved), objective)
 
 
+class AdapterLoopTest(unittest.TestCase):
+    """lora.optimise, the training loop the adapter recipes (lora.py, pcllm.py) share."""
+
+    def run_loop(self, steps: int, minutes: float | None):
+        recipe = dataclasses.replace(RECIPES["pcllm"], stages=(Stage("pcllm", steps, 1.0),),
+                                     warmup_steps=2)
+        args = type("Args", (), {"minutes": minutes})()
+        run = type("Run", (), {"t_start": __import__("time").time()})()
+        weight = torch.nn.Parameter(torch.tensor([3.0]))
+        seen = []
+
+        def step_loss(step):
+            seen.append(step)
+            value = (weight ** 2).sum()
+            return value, {"square": value.item(), "index": float(step)}
+
+        out = lora.optimise(args, recipe, run, [weight], step_loss, {"square": 4, "index": 1})
+        return out, seen, weight
+
+    def test_steps_schedule_and_windowed_history(self):
+        (history, done, truncated), seen, weight = self.run_loop(23, None)
+        self.assertEqual((done, truncated), (23, False))
+        self.assertEqual(seen, list(range(23)))
+        self.assertLess(abs(weight.item()), 3.0)  # the loss went down
+        self.assertEqual([h["step"] for h in history], [10, 20, 23])
+        # Each record averages its own window of steps: 0..9, 10..19, 20..22.
+        self.assertEqual([h["index"] for h in history], [4.5, 14.5, 21.0])
+        self.assertEqual(list(history[0]),
+                         ["step", "lr", "square", "index", "s_per_step", "elapsed_s"])
+        recipe = dataclasses.replace(RECIPES["pcllm"], stages=(Stage("pcllm", 23, 1.0),),
+                                     warmup_steps=2)
+        self.assertEqual([h["lr"] for h in history], [recipe.lr_at(s) for s in (9, 19, 22)])
+
+    def test_minutes_stops_early_and_says_so(self):
+        (history, done, truncated), seen, _ = self.run_loop(50, minutes=-1.0)
+        self.assertEqual((done, truncated, seen, history), (0, True, [], []))
+
+
 class PcllmTest(unittest.TestCase):
     """pcLLM consistency distillation (pcllm.py) on a tiny random model."""
 

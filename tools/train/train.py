@@ -21,7 +21,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -69,19 +68,10 @@ import sdlm  # noqa: E402
 import tokenizer as tokenizer_lib  # noqa: E402
 from model import Qwen3LM, count_parameters  # noqa: E402
 from recipes import RECIPES, Recipe, Stage  # noqa: E402
+import run_info  # noqa: E402
 
 LOG_EVERY = 10
 CHECKPOINT_EVERY = 50
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def make_optimizer(model: Qwen3LM, recipe: Recipe) -> torch.optim.Optimizer:
@@ -288,11 +278,8 @@ def train(args: argparse.Namespace) -> int:
         "train_wall_seconds": round(train_wall, 1),
         "stage_wall_seconds": {k: round(v, 1) for k, v in stage_wall.items()},
         "resumed": bool(args.resume),
-        "hardware": {"cpu": cpu_name(), "logical_cpus": os.cpu_count(),
-                     "threads": args.threads, "device": args.device,
-                     "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "tokenizers": tokenizers.__version__, "numpy": np.__version__},
+        "hardware": run_info.hardware(args.threads, args.device),
+        "versions": run_info.versions(),
         "corpus": corpus.stats() | {"train_tokens": len(stream), "heldout_tokens": len(held_stream)},
         "distill": distill_info,
         "history": history,
