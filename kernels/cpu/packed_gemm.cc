@@ -85,8 +85,14 @@ constexpr int kChunk = 256;
 // How far ahead (steps of k, a cache line of a panel each) the first group asks for its panels
 // when there are several input rows: a panel's stream then arrives ahead of the multiply-adds
 // that wait on it. (Measured, 400 MB of weights, AVX2: 4-16 rows 12-17% faster at 32 steps;
-// one row is faster without.)
+// one row is faster without. AVX-512 on an AMD EPYC VM: the 2-row tile of 4 panels is faster
+// without too, 16 % in a 2-token step, while the 12-row tiles lose as much without it.)
 constexpr int kPrefetchSteps = 32;
+// Whether the first group of a product of m input rows prefetches (the measurements above).
+template <int W>
+constexpr bool Prefetches(int m) {
+  return m > (W == 16 ? 2 : 1);
+}
 
 // The steps of k in [i0, i1) of NP panels (ps floats apart, from pw) against G input rows (x, rows
 // ldx apart): acc_mem[j * NP * V + v] holds row j's partial sums for the panels' V-vector columns
@@ -193,7 +199,7 @@ inline __attribute__((always_inline)) void Tile(const PackedProduct& p, int row_
     }
     for (int j0 = 0; j0 < p.m; j0 += G) {
       GroupSteps<W, NP, G, T>(std::min(G, p.m - j0), pw, ps, p.x + j0 * ldx, ldx, i0, i1, i0 == 0,
-                              p.m > 1 && j0 == 0, acc + j0 * V);
+                              Prefetches<W>(p.m) && j0 == 0, acc + j0 * V);
     }
   }
   const int ldy = p.ldy > 0 ? p.ldy : row_end - p.row_begin;
