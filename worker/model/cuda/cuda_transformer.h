@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/cuda/verify.cuh"
@@ -239,5 +240,15 @@ class CudaTransformer final : public ModelBackend {
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_by_key_;  // (bucket, splits)
   Stats stats_;
 };
+
+// A member template: defined here for both of the class's source files.
+template <typename T>
+absl::Status CudaTransformer::StageUpload(cuda_backend::DeviceArray<T>& dst, const T* host,
+                                          size_t count) {
+  if (count == 0) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(const void* staged, staging_.Stage(host, count * sizeof(T)));
+  staging_in_flight_ = true;
+  return dst.UploadAsync(static_cast<const T*>(staged), count, stream_);
+}
 
 }  // namespace tandem
