@@ -528,19 +528,29 @@ TEST(TandemUpTest, ServesOneRequestAndStopsOnSigterm) {
       << (*up)->StderrTail();
 }
 
+// The bundled target's pcLLM adapter folder.
+std::string PcllmAdapter() { return TargetModelDir() + "/pcllm-lora"; }
+
+// Greedy AR output of the bundled target with `adapter` merged in, in-process (the same merge a
+// service's --merge-lora makes).
+absl::StatusOr<GenerateResult> MergedGreedy(const std::string& adapter, const std::string& prompt,
+                                            int max_tokens) {
+  absl::StatusOr<LoadedModel> merged = LoadModelDir(TargetModelDir(), {}, adapter);
+  if (!merged.ok()) return merged.status();
+  LocalGenerator generator(&*merged);
+  GenerateOptions options;
+  options.max_tokens = max_tokens;
+  return generator.Generate(prompt, options);
+}
+
 // --merge-lora reaches the verifier: jacobi through the router reproduces the AR output of the
 // target with the pcLLM adapter merged in (in-process, the same merge), not the target's own.
 TEST(TandemUpTest, MergeLoraServesTheAdaptedModel) {
-  const std::string adapter = TargetModelDir() + "/pcllm-lora";
+  const std::string adapter = PcllmAdapter();
   if (!std::filesystem::exists(adapter + "/adapter_config.json")) {
     GTEST_SKIP() << "no adapter at " << adapter;
   }
-  absl::StatusOr<LoadedModel> merged = LoadModelDir(TargetModelDir(), {}, adapter);
-  ASSERT_TRUE(merged.ok()) << merged.status();
-  LocalGenerator generator(&*merged);
-  GenerateOptions options;
-  options.max_tokens = 24;
-  auto expected = generator.Generate(kPrompts[0], options);
+  auto expected = MergedGreedy(adapter, kPrompts[0], 24);
   ASSERT_TRUE(expected.ok()) << expected.status();
   auto base = Reference::Get().Generate(kPrompts[0], "ar", 24);
   ASSERT_TRUE(base.ok()) << base.status();
@@ -574,16 +584,11 @@ TEST(TandemUpTest, MergeLoraServesTheAdaptedModel) {
 // A drafter given the verifier's --merge-lora hosts the same adapted model under the same name
 // (<model>+<adapter folder>): split self-speculation drafts for the model the verifier serves.
 TEST(MergedAdapterTest, ASelfSpecDrafterHostsTheVerifiersModel) {
-  const std::string adapter = TargetModelDir() + "/pcllm-lora";
+  const std::string adapter = PcllmAdapter();
   if (!std::filesystem::exists(adapter + "/adapter_config.json")) {
     GTEST_SKIP() << "no adapter at " << adapter;
   }
-  absl::StatusOr<LoadedModel> merged = LoadModelDir(TargetModelDir(), {}, adapter);
-  ASSERT_TRUE(merged.ok()) << merged.status();
-  LocalGenerator generator(&*merged);
-  GenerateOptions options;
-  options.max_tokens = 32;
-  auto expected = generator.Generate(kPrompts[1], options);
+  auto expected = MergedGreedy(adapter, kPrompts[1], 32);
   ASSERT_TRUE(expected.ok()) << expected.status();
 
   auto cluster =

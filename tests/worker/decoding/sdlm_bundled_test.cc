@@ -63,6 +63,20 @@ class SdlmBundledTest : public ::testing::Test {
     return mode.ok() ? std::move(*mode) : nullptr;
   }
 
+  // A stop token from the middle of prompt p's AR output: nsp with `options` gives the same
+  // prefix, ended there, as AR does.
+  static void ExpectAStopEndsItLikeAr(const ModeOptions& options, size_t p) {
+    const int32_t stop = ar_[p][ar_[p].size() / 2];
+    std::unique_ptr<DecodingMode> stopped = Nsp(options);
+    ASSERT_NE(stopped, nullptr);
+    absl::StatusOr<RunStats> got = Decode(*stopped, prompts_[p], stop);
+    ArMode ar(model_->config().vocab_size);
+    absl::StatusOr<RunStats> want = Decode(ar, prompts_[p], stop);
+    ASSERT_TRUE(got.ok() && want.ok());
+    EXPECT_EQ(got->tokens, want->tokens) << "prompt " << p << " stop " << stop;
+    EXPECT_EQ(got->finish, want->finish);
+  }
+
   static inline Transformer* model_ = nullptr;  // for the whole binary
   static inline int new_tokens_ = 0;
   static inline std::vector<std::vector<int32_t>> prompts_;
@@ -94,15 +108,7 @@ TEST_F(SdlmBundledTest, VerifiedNspEqualsArGreedy) {
     forwards += r->forwards;
     accepted += r->accepted;
     steps += r->steps_with_drafts;
-    // A stop token from the middle of the AR output: the same prefix, ended there.
-    const int32_t stop = ar_[p][ar_[p].size() / 2];
-    std::unique_ptr<DecodingMode> stopped = Nsp(options);
-    absl::StatusOr<RunStats> s = Decode(*stopped, prompts_[p], stop);
-    ArMode ar(model_->config().vocab_size);
-    absl::StatusOr<RunStats> want = Decode(ar, prompts_[p], stop);
-    ASSERT_TRUE(s.ok() && want.ok());
-    EXPECT_EQ(s->tokens, want->tokens) << "prompt " << p << " stop " << stop;
-    EXPECT_EQ(s->finish, want->finish);
+    ExpectAStopEndsItLikeAr(options, p);
   }
   std::printf("[ tpf      ] tandem-sdlm, nsp verify: %.3f tokens/forward, %.2f tokens per cycle\n",
               static_cast<double>(tokens) / forwards,
@@ -132,15 +138,7 @@ TEST_F(SdlmBundledTest, QuadraticNspEqualsArGreedyInFewerForwards) {
     tokens += static_cast<int64_t>(q->tokens.size());
     linear_forwards += l->forwards;
     quadratic_forwards += q->forwards;
-    // A stop token from the middle of the AR output ends it at the same place.
-    const int32_t stop = ar_[p][ar_[p].size() / 2];
-    std::unique_ptr<DecodingMode> stopped = Nsp(quadratic_options);
-    absl::StatusOr<RunStats> s = Decode(*stopped, prompts_[p], stop);
-    ArMode ar(model_->config().vocab_size);
-    absl::StatusOr<RunStats> want = Decode(ar, prompts_[p], stop);
-    ASSERT_TRUE(s.ok() && want.ok());
-    EXPECT_EQ(s->tokens, want->tokens) << "prompt " << p << " stop " << stop;
-    EXPECT_EQ(s->finish, want->finish);
+    ExpectAStopEndsItLikeAr(quadratic_options, p);
   }
   const double linear_tpf = static_cast<double>(tokens) / linear_forwards;
   const double quadratic_tpf = static_cast<double>(tokens) / quadratic_forwards;

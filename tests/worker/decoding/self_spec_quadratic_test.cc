@@ -47,6 +47,16 @@ DecodeState State(std::span<const int32_t> tokens, int kv_len, int budget,
           .sampling = sampling};
 }
 
+// A 32-token vocabulary whose last id is <|mask|>, blocks of 4.
+ModelConfig MaskedConfig() {
+  ModelConfig config;
+  config.vocab_size = 32;
+  config.max_position_embeddings = 64;
+  config.diffusion.mask_token_id = 31;
+  config.diffusion.block_size = 4;
+  return config;
+}
+
 TEST(SelfSpecQuadraticLayoutTest, FirstStepIsTheLinearDraftPass) {
   constexpr int32_t kMask = 31;
   SelfSpecQuadraticMode mode({.draft_len = 2, .mask_token = kMask}, 32, 64);
@@ -138,11 +148,7 @@ TEST(SelfSpecQuadraticLayoutTest, ShiftedGroupsStartOnACopyOfTheChainToken) {
 }
 
 TEST(SelfSpecQuadraticLayoutTest, OptionsAndLossiness) {
-  ModelConfig config;
-  config.vocab_size = 32;
-  config.max_position_embeddings = 64;
-  config.diffusion.mask_token_id = 31;
-  config.diffusion.block_size = 4;
+  ModelConfig config = MaskedConfig();
   ModeOptions options;
   auto exact = CreateMode("self_spec_quadratic", options, config, SamplingParams{});
   ASSERT_TRUE(exact.ok()) << exact.status();
@@ -161,11 +167,7 @@ TEST(SelfSpecQuadraticLayoutTest, OptionsAndLossiness) {
 }
 
 TEST(SelfSpecQuadraticLayoutTest, NspQuadraticIsTheShiftedLosslessMode) {
-  ModelConfig config;
-  config.vocab_size = 32;
-  config.max_position_embeddings = 64;
-  config.diffusion.mask_token_id = 31;
-  config.diffusion.block_size = 4;
+  ModelConfig config = MaskedConfig();
   ModeOptions options;
   options.nsp_quadratic = true;
   options.nsp_tau = 0.1f;  // longest prefix decoding's knob; the quadratic variant ignores it
