@@ -83,11 +83,17 @@ using vec::VecOf;
 // chunk of the tile's panels stays in the L1 cache for the later groups (16 KB a panel).
 constexpr int kChunk = 256;
 // How far ahead (steps of k, a cache line of a panel each) the first group asks for its panels
-// when there are several input rows: a panel's stream then arrives ahead of the multiply-adds
-// that wait on it. (Measured, 400 MB of weights, AVX2: 4-16 rows 12-17% faster at 32 steps;
-// one row is faster without. AVX-512 on an AMD EPYC VM: the 2-row tile of 4 panels is faster
-// without too, 16 % in a 2-token step, while the 12-row tiles lose as much without it.)
-constexpr int kPrefetchSteps = 32;
+// when there are several input rows, and into the L2 cache only (prefetcht2): a panel's stream
+// then arrives ahead of the multiply-adds that wait on it, without holding the L1 cache's few
+// miss buffers for a whole memory round trip. (Measured, 400 MB of weights in the 125M model's
+// shapes, 2 threads, AMD EPYC with AVX-512, 15 alternated rounds: against 32 steps into L1, 4
+// rows 1.12 -> 1.08 one-row products, 16 rows 1.72 -> 1.49; the AVX2 kernel on the same machine
+// 16 rows 2.42 -> 1.96. One row is faster without a prefetch, and so is the AVX-512 2-row tile
+// of 4 panels.)
+constexpr int kPrefetchSteps = 64;
+inline __attribute__((always_inline)) void PrefetchToL2(const void* at) {
+  __builtin_prefetch(at, 0, 1);
+}
 // Whether the first group of a product of m input rows prefetches (the measurements above).
 template <int W>
 constexpr bool Prefetches(int m) {
@@ -115,7 +121,7 @@ inline __attribute__((always_inline)) void Steps(const T* __restrict pw, size_t 
     if (prefetch) {
 #pragma GCC unroll 8
       for (int q = 0; q < NP; ++q) {
-        __builtin_prefetch(pw + q * ps + static_cast<size_t>(i + kPrefetchSteps) * kPanelRows);
+        PrefetchToL2(pw + q * ps + static_cast<size_t>(i + kPrefetchSteps) * kPanelRows);
       }
     }
     Vec wv[V];
@@ -184,7 +190,7 @@ inline __attribute__((always_inline)) void Tile(const PackedProduct& p, int row_
           const uint16_t* src = pw + q * ps + static_cast<size_t>(i0) * kPanelRows;
           float* dst = wide + static_cast<size_t>(q) * len * kPanelRows;
           for (int i = 0; i < len * kPanelRows; i += W) {
-            __builtin_prefetch(src + i + kPrefetchSteps * kPanelRows);
+            PrefetchToL2(src + i + kPrefetchSteps * kPanelRows);
             const Vec v = Load<W>(src + i);
             std::memcpy(dst + i, &v, sizeof(v));
           }
