@@ -176,6 +176,67 @@ inline __attribute__((always_inline)) void Product(const RowsProduct& p, int r0,
   }
 }
 
+// Sixteen rows' 16-lane partial sums to their sixteen lane sums in one vector (lane a: row a),
+// each summed in Sum<16>'s order (lane i plus lane i + 8, then i + 4, i + 2, i + 1): the vectors
+// are transposed as they are added, 15 vector additions for the 16 sums instead of 4 each.
+inline __attribute__((always_inline)) VecOf<16>::type Sums16(const VecOf<16>::type* v) {
+  using V = VecOf<16>::type;
+  V c[8], e[4], g[2];
+  // Halves: c[i] is [row 2i's 8 sums | row 2i + 1's 8 sums].
+  for (int i = 0; i < 8; ++i) {
+    c[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19,
+                                   20, 21, 22, 23) +
+           __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
+                                   27, 28, 29, 30, 31);
+  }
+  // Quarters: e[i] holds rows 4i .. 4i + 3, 4 sums each.
+  for (int i = 0; i < 4; ++i) {
+    e[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
+                                   24, 25, 26, 27) +
+           __builtin_shufflevector(c[2 * i], c[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                   23, 28, 29, 30, 31);
+  }
+  // Pairs: g[i] holds rows 8i .. 8i + 7, 2 sums each.
+  for (int i = 0; i < 2; ++i) {
+    g[i] = __builtin_shufflevector(e[2 * i], e[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21,
+                                   24, 25, 28, 29) +
+           __builtin_shufflevector(e[2 * i], e[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22,
+                                   23, 26, 27, 30, 31);
+  }
+  return __builtin_shufflevector(g[0], g[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
+                                 30) +
+         __builtin_shufflevector(g[0], g[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
+                                 31);
+}
+
+// AVX-512, beta == 0 and k a multiple of 16: weight rows [r0, r1) in tiles of 16 rows x one input
+// row, their sums taken together by Sums16; the rows left over (fewer than 16) through Product.
+// Each output has Steps' multiply-add chain and Sum<16>'s lane sum, so the same bits as Product.
+// For attention's scores over a block of cached keys (the tile's rows stay in L1 for each query
+// head); Linear's products keep Product, whose tiles stream fewer weight rows at a time.
+inline __attribute__((always_inline)) void Rows16(const RowsProduct& p, int r0, int r1) {
+  using V = VecOf<16>::type;
+  const size_t ldw = p.ldw > 0 ? p.ldw : p.k, ldx = p.ldx > 0 ? p.ldx : p.k;
+  int r = r0;
+  for (; r + 16 <= r1; r += 16) {
+    const float* w = p.w + r * ldw;
+    for (int j = 0; j < p.m; ++j) {
+      const float* x = p.x + j * ldx;
+      V acc[16];
+#pragma GCC unroll 16
+      for (int a = 0; a < 16; ++a) acc[a] = V{};
+      for (int i = 0; i < p.k; i += 16) {
+        const V xv = Load<16>(x + i);
+#pragma GCC unroll 16
+        for (int a = 0; a < 16; ++a) acc[a] += Load<16>(w + a * ldw + i) * xv;
+      }
+      const V out = p.alpha * Sums16(acc);
+      std::memcpy(p.y + static_cast<size_t>(j) * p.ldy + r, &out, sizeof(out));
+    }
+  }
+  if (r < r1) Product<16, 4, 4>(p, r, r1);
+}
+
 // Weighted rows into T vectors of the flattened [heads, d] output starting at float f0 (d a
 // multiple of W): the outputs stay in registers across the rows.
 template <int W, int T>
@@ -213,8 +274,62 @@ inline __attribute__((always_inline)) void WeightedTail(const WeightedRows& p, i
   WeightedTile<W, T>(p, f0);
 }
 
+// Every head's outputs in registers at once (HEADS heads of PER vectors): each value row is loaded
+// once for all heads, each weight once, and a row is skipped when every head's weight is 0. The
+// same multiply-adds in the same order as WeightedTile's: a row WeightedTile skips for some heads
+// only adds 0 * v here, which leaves a sum that started at +0 unchanged (it is never -0).
+template <int W, int PER, int HEADS>
+inline __attribute__((always_inline)) void WeightedHeads(const WeightedRows& p) {
+  using V = typename VecOf<W>::type;
+  constexpr int kD = PER * W;
+  V acc[HEADS][PER];
+#pragma GCC unroll 16
+  for (int h = 0; h < HEADS; ++h) {
+#pragma GCC unroll 16
+    for (int c = 0; c < PER; ++c) acc[h][c] = Load<W>(p.out + h * kD + c * W);
+  }
+  for (int r = 0; r < p.rows; ++r) {
+    float weight[HEADS];
+    bool any = false;
+#pragma GCC unroll 16
+    for (int h = 0; h < HEADS; ++h) {
+      weight[h] = p.weights[h * p.ldwt + r];
+      any |= weight[h] != 0.0f;
+    }
+    if (!any) continue;
+    const float* row = p.v + r * p.ldv;
+    V values[PER];
+#pragma GCC unroll 16
+    for (int c = 0; c < PER; ++c) values[c] = Load<W>(row + c * W);
+#pragma GCC unroll 16
+    for (int h = 0; h < HEADS; ++h) {
+#pragma GCC unroll 16
+      for (int c = 0; c < PER; ++c) acc[h][c] += weight[h] * values[c];
+    }
+  }
+#pragma GCC unroll 16
+  for (int h = 0; h < HEADS; ++h) {
+#pragma GCC unroll 16
+    for (int c = 0; c < PER; ++c) std::memcpy(p.out + h * kD + c * W, &acc[h][c], sizeof(V));
+  }
+}
+
+// WeightedHeads for 1 .. HEADS heads.
+template <int W, int PER, int HEADS>
+inline __attribute__((always_inline)) void WeightedHeadsUpTo(const WeightedRows& p) {
+  if constexpr (HEADS > 1) {
+    if (p.heads < HEADS) return WeightedHeadsUpTo<W, PER, HEADS - 1>(p);
+  }
+  WeightedHeads<W, PER, HEADS>(p);
+}
+
 template <int W>
 inline __attribute__((always_inline)) void Weighted(const WeightedRows& p) {
+  // AVX-512 (32 registers): up to 16 output vectors at once for heads of 64 or 128.
+  if constexpr (W == 16) {
+    if (p.d == 64 && p.heads <= 4) return WeightedHeadsUpTo<W, 4, 4>(p);
+    if (p.d == 128 && p.heads <= 2) return WeightedHeadsUpTo<W, 8, 2>(p);
+  }
   constexpr int kTile = 8;  // output vectors held in registers
   const int total = p.heads * p.d;
   if (p.d % W != 0) {  // odd head sizes: one output at a time, rows in order all the same
@@ -240,6 +355,12 @@ inline __attribute__((always_inline)) void Weighted(const WeightedRows& p) {
 #define TANDEM_ROWS_X86 1
 __attribute__((target("avx512f"), optimize("fp-contract=fast"))) void RowsAvx512(
     const RowsProduct& p, int r0, int r1) {
+  Product<16, 4, 4>(p, r0, r1);
+}
+// InvokeRowsSerial's AVX-512 version: the same sums, 16-row tiles where they apply.
+__attribute__((target("avx512f"), optimize("fp-contract=fast"))) void RowsSerialAvx512(
+    const RowsProduct& p, int r0, int r1) {
+  if (p.beta == 0.0f && p.k % 16 == 0 && r1 - r0 >= 16) return Rows16(p, r0, r1);
   Product<16, 4, 4>(p, r0, r1);
 }
 __attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void RowsAvx2(
@@ -305,6 +426,16 @@ RowsFn PickRows() {
 
 const RowsFn kRows = PickRows();
 
+// The version of the same instruction set for InvokeRowsSerial.
+RowsFn PickRowsSerial() {
+#ifdef TANDEM_ROWS_X86
+  if (kRows == RowsAvx512) return RowsSerialAvx512;
+#endif
+  return kRows;
+}
+
+const RowsFn kRowsSerial = PickRowsSerial();
+
 using WeightedFn = void (*)(const WeightedRows&);
 
 // The version of the same instruction set as kRows.
@@ -329,7 +460,7 @@ const char* RowsName() {
 }  // namespace
 
 void InvokeRowsSerial(const RowsProduct& p) {
-  if (p.m > 0 && p.n > 0) kRows(p, 0, p.n);
+  if (p.m > 0 && p.n > 0) kRowsSerial(p, 0, p.n);
 }
 
 void InvokeWeightedRowsSerial(const WeightedRows& p) {

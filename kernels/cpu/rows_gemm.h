@@ -34,7 +34,8 @@ struct RowsProduct {
 // The rows split across the ops' OpenMP pool (gemm.h) past a little work.
 void InvokeRows(const RowsProduct& product);
 // On the calling thread: for small products inside a caller's own parallel loop (attention's
-// scores over a block of keys). The same sums as InvokeRows.
+// scores over a block of keys). The same sums as InvokeRows; on AVX-512 with beta 0 and k a
+// multiple of 16, tiles of 16 weight rows per input row whose lane sums are taken together.
 void InvokeRowsSerial(const RowsProduct& product);
 
 // out[h, c] += sum over r of weights[h * ldwt + r] * v[r * ldv + c], for h < heads, c < d: the

@@ -104,6 +104,86 @@ TEST(RowsGemmTest, EveryRowEqualsItsOneRowProductExactly) {
   }
 }
 
+// The serial products (attention's scores over a block of keys) take other tiles than the
+// parallel ones where they can (AVX-512: 16 weight rows at once); the sums must stay the same.
+TEST(RowsGemmTest, SerialProductsEqualTheParallelOnesExactly) {
+  std::mt19937 rng(13);
+  for (const int k : {16, 64, 80, 128, 67}) {
+    for (const int n : {1, 15, 16, 17, 32, 45}) {
+      for (const int m : {1, 2, 3, 4, 8}) {
+        const int ldw = k + 3, ldy = n + 2;  // strided, like keys in a KV cache block
+        const std::vector<float> x = Random(static_cast<size_t>(m) * k, rng);
+        const std::vector<float> w = Random(static_cast<size_t>(n) * ldw, rng);
+        std::vector<float> serial(static_cast<size_t>(m) * ldy, 7.0f), parallel = serial;
+        const RowsProduct product = {.x = x.data(),
+                                     .w = w.data(),
+                                     .m = m,
+                                     .n = n,
+                                     .k = k,
+                                     .ldy = ldy,
+                                     .alpha = 0.125f,
+                                     .ldw = ldw};
+        RowsProduct s = product, q = product;
+        s.y = serial.data();
+        q.y = parallel.data();
+        InvokeRowsSerial(s);
+        InvokeRows(q);
+        EXPECT_EQ(std::memcmp(serial.data(), parallel.data(), serial.size() * sizeof(float)), 0)
+            << "m " << m << " n " << n << " k " << k << " (" << RowsKernelName() << ")";
+      }
+    }
+  }
+}
+
+// A head's weighted rows do not depend on the other heads of the call (AVX-512 holds every head
+// of 64 or 128 in registers at once), rows with every weight 0 included.
+TEST(RowsGemmTest, WeightedRowsOfEachHeadEqualItsOwnCallExactly) {
+  std::mt19937 rng(17);
+  for (const int d : {16, 64, 80, 128}) {
+    for (const int heads : {1, 2, 3, 4, 5}) {
+      const int rows = 37, ldwt = rows + 1;
+      const size_t ldv = static_cast<size_t>(d) + 16;
+      std::vector<float> weights = Random(static_cast<size_t>(heads) * ldwt, rng);
+      for (int h = 0; h < heads; ++h) {
+        for (int r = 0; r < rows; r += 3 + h) weights[h * ldwt + r] = 0.0f;  // some rows of each
+        for (int r = 5; r < rows; r += 7) weights[h * ldwt + r] = 0.0f;      // and rows of all
+      }
+      const std::vector<float> v = Random(rows * ldv, rng);
+      const std::vector<float> start = Random(static_cast<size_t>(heads) * d, rng);
+      std::vector<float> together = start, alone = start;
+      InvokeWeightedRowsSerial({.weights = weights.data(),
+                                .ldwt = ldwt,
+                                .v = v.data(),
+                                .ldv = ldv,
+                                .rows = rows,
+                                .heads = heads,
+                                .d = d,
+                                .out = together.data()});
+      for (int h = 0; h < heads; ++h) {
+        InvokeWeightedRowsSerial({.weights = weights.data() + h * ldwt,
+                                  .ldwt = ldwt,
+                                  .v = v.data(),
+                                  .ldv = ldv,
+                                  .rows = rows,
+                                  .heads = 1,
+                                  .d = d,
+                                  .out = alone.data() + h * d});
+      }
+      EXPECT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * sizeof(float)), 0)
+          << "heads " << heads << " d " << d << " (" << RowsKernelName() << ")";
+      std::vector<double> want(start.begin(), start.end());
+      for (int h = 0; h < heads; ++h) {
+        for (int c = 0; c < d; ++c) {
+          for (int r = 0; r < rows; ++r) {
+            want[h * d + c] += static_cast<double>(weights[h * ldwt + r]) * v[r * ldv + c];
+          }
+        }
+      }
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(together[i], want[i], 1e-4) << i;
+    }
+  }
+}
+
 TEST(RowsGemmTest, StridedOutputsLeaveTheRestAlone) {
   std::mt19937 rng(11);
   const int m = 3, n = 5, k = 40, ldy = 9;
