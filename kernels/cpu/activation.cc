@@ -22,8 +22,8 @@ void SiluMulFused(const float* gate_up, float* out, int rows, int inter) {
   // Every output is computed on its own, so the split over threads leaves the values as they are.
   const int per_row = (inter + kPiece - 1) / kPiece;
   const long pieces = static_cast<long>(rows) * per_row;
-#pragma omp parallel for schedule(static) \
-    num_threads(CpuThreads()) if (static_cast <long>(rows) * inter >= kParallelOutputs)
+  const bool parallel = static_cast<long>(rows) * inter >= kParallelOutputs;
+#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (parallel)
   for (long piece = 0; piece < pieces; ++piece) {
     const int r = static_cast<int>(piece / per_row);
     const int i0 = static_cast<int>(piece % per_row) * kPiece, i1 = std::min(inter, i0 + kPiece);
