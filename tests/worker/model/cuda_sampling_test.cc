@@ -147,26 +147,16 @@ TEST_F(CudaModelTest, GraphReplaySamplesLikeEagerLaunches) {
   auto* graphed_backend = dynamic_cast<CudaTransformer*>(graphed->backend());
   ASSERT_NE(graphed_backend, nullptr);
   std::mt19937 rng(8);
-  std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
   int sampled_rows = 0, sampled_mismatches = 0;
   for (int batch : {1, 3, 8}) {
     SCOPED_TRACE(batch);
     KvCache gkv(graphed->KvOptions(4096, 16)), ekv(eager->KvOptions(4096, 16));
     Runner g{graphed.get(), &gkv}, e{eager.get(), &ekv};
-    std::vector<std::vector<int32_t>> prompts(batch), positions(batch);
+    absl::StatusOr<std::vector<std::vector<int32_t>>> prefilled =
+        PrefillBoth(g, e, batch, 4, 7, config.vocab_size, rng);
+    ASSERT_TRUE(prefilled.ok()) << prefilled.status();
+    const std::vector<std::vector<int32_t>>& prompts = *prefilled;
     const std::vector<int32_t> last = {0};
-    for (int s = 0; s < batch; ++s) {
-      prompts[s].resize(4 + 7 * s);
-      for (auto& t : prompts[s]) t = token(rng);
-      positions[s] = Iota(0, static_cast<int>(prompts[s].size()));
-      const std::vector<int32_t> out = {static_cast<int32_t>(prompts[s].size() - 1)};
-      const Extend x{.seq = s, .tokens = prompts[s], .positions = positions[s], .outputs = out};
-      ASSERT_TRUE(g.Run({x}).ok());
-      ASSERT_TRUE(e.Run({x}).ok());
-      const std::vector<int32_t> keep = Iota(0, static_cast<int>(prompts[s].size()));
-      ASSERT_TRUE(gkv.Commit(s, keep).ok());
-      ASSERT_TRUE(ekv.Commit(s, keep).ok());
-    }
     const int64_t replays_before = graphed_backend->stats().graph_replays;
     std::vector<int32_t> next(batch, 1);
     for (int step = 0; step < 16; ++step) {

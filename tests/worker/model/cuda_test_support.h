@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,29 @@ inline std::vector<int32_t> Iota(int first, int n) {
   std::vector<int32_t> v(n);
   for (int i = 0; i < n; ++i) v[i] = first + i;
   return v;
+}
+
+// Prefills `batch` sequences of random tokens, sequence s of first + s * step tokens, as the same
+// extends on both runners (the graphed and the eager backend of one model), and commits them, so
+// both caches hold the same contexts. Returns the prompts.
+inline absl::StatusOr<std::vector<std::vector<int32_t>>> PrefillBoth(Runner& a, Runner& b,
+                                                                     int batch, int first, int step,
+                                                                     int vocab, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  std::vector<std::vector<int32_t>> prompts(batch);
+  for (int s = 0; s < batch; ++s) {
+    prompts[s].resize(first + step * s);
+    for (auto& t : prompts[s]) t = token(rng);
+    const std::vector<int32_t> positions = Iota(0, static_cast<int>(prompts[s].size()));
+    const std::vector<int32_t> out = {static_cast<int32_t>(prompts[s].size() - 1)};
+    const Extend x{.seq = s, .tokens = prompts[s], .positions = positions, .outputs = out};
+    for (Runner* r : {&a, &b}) {
+      absl::StatusOr<std::vector<ExtendOutput>> run = r->Run({x});
+      if (!run.ok()) return run.status();
+      if (absl::Status commit = r->kv->Commit(s, positions); !commit.ok()) return commit;
+    }
+  }
+  return prompts;
 }
 
 }  // namespace tandem::cuda_testing

@@ -229,20 +229,11 @@ TEST_F(CudaModelTest, GraphReplayEqualsEagerLaunches) {
     KvCache gkv(graphed->KvOptions(4096, 16)), ekv(eager->KvOptions(4096, 16));
     Runner g{graphed.get(), &gkv}, e{eager.get(), &ekv};
     // Prefill each sequence (eager on both), of different lengths.
-    std::vector<std::vector<int32_t>> prompts(batch), positions(batch);
+    absl::StatusOr<std::vector<std::vector<int32_t>>> prefilled =
+        PrefillBoth(g, e, batch, 5, 9, config.vocab_size, rng);
+    ASSERT_TRUE(prefilled.ok()) << prefilled.status();
+    const std::vector<std::vector<int32_t>>& prompts = *prefilled;
     const std::vector<int32_t> last = {0};
-    for (int s = 0; s < batch; ++s) {
-      prompts[s].resize(5 + 9 * s);
-      for (auto& t : prompts[s]) t = token(rng);
-      positions[s] = Iota(0, static_cast<int>(prompts[s].size()));
-      const std::vector<int32_t> out = {static_cast<int32_t>(prompts[s].size() - 1)};
-      const Extend x{.seq = s, .tokens = prompts[s], .positions = positions[s], .outputs = out};
-      ASSERT_TRUE(g.Run({x}).ok());
-      ASSERT_TRUE(e.Run({x}).ok());
-      const std::vector<int32_t> keep = Iota(0, static_cast<int>(prompts[s].size()));
-      ASSERT_TRUE(gkv.Commit(s, keep).ok());
-      ASSERT_TRUE(ekv.Commit(s, keep).ok());
-    }
     const int64_t replays_before = graphed_backend->stats().graph_replays;
     for (int step = 0; step < 20; ++step) {
       std::vector<std::vector<int32_t>> tok(batch), pos(batch);
