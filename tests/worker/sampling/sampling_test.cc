@@ -103,6 +103,28 @@ TEST(ArgmaxTest, NaNCountsAsNegativeInfinity) {
   EXPECT_EQ(Argmax(std::vector<float>{}), -1);
 }
 
+TEST(ArgmaxTest, EqualsTheFirstStrictlyGreaterScan) {
+  // Lengths around the vector passes' steps, few distinct values (ties), NaN and infinities.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> pick(0, 9);
+  const float values[] = {kNaN, -kInf, kInf, -0.0f, 0.0f, 1.0f, -3.0f, 2.0f, 2.0f, 7.5f};
+  for (const int n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1000}) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<float> logits(n);
+      for (float& x : logits) x = values[pick(rng)];
+      int32_t want = 0;
+      float best = -kInf;
+      for (int i = 0; i < n; ++i) {
+        if (logits[i] > best) {
+          best = logits[i];
+          want = i;
+        }
+      }
+      ASSERT_EQ(Argmax(logits), want) << "n " << n << ", trial " << trial;
+    }
+  }
+}
+
 // ---- SamplingDistribution ---------------------------------------------------------------------
 
 const std::vector<float> kSmallLogits = {1.0f, 2.5f, -0.5f, 2.0f, 0.3f, 1.7f, -3.0f, 0.9f};
