@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string_view>
+#include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rows_gemm.h"
+#include "kernels/cpu/vec.h"
 
 namespace tandem::kernels::cpu {
 
@@ -54,72 +57,96 @@ void Scale(float w, const float* x, float* y, int n) {
   for (; d < n; ++d) y[d] = w * x[d];
 }
 
-using IntVec = int32_t __attribute__((vector_size(16)));
-
 inline Vec Splat(float x) { return Vec{x, x, x, x}; }
 
-// e^x for x <= 0 (a score minus its row's maximum), -inf included, four lanes at a time; within
-// a few ulp of std::exp. glibc's scalar expf would otherwise cost as much as both GEMMs.
-// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so n ln2 is exact), e^r by its Taylor
-// series to r^7 (truncation < 1e-8 relative), 2^n built in the exponent field. Below -87 the
-// result would leave the normal range: it is flushed to 0. NaN stays NaN.
-inline Vec ExpNonPositive(Vec x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;  // few significant bits: n * kLn2Hi is exact
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  constexpr float kFloor = -87.0f;
-  const Vec floor = Splat(kFloor);
-  const Vec clamped = x < floor ? floor : x;
-  const Vec n = (clamped * kLog2e + kRound) - kRound;
-  const Vec r = (clamped - n * kLn2Hi) - n * kLn2Lo;
-  Vec e = Splat(1.0f / 5040.0f);
-  e = e * r + 1.0f / 720.0f;
-  e = e * r + 1.0f / 120.0f;
-  e = e * r + 1.0f / 24.0f;
-  e = e * r + 1.0f / 6.0f;
-  e = e * r + 0.5f;
-  e = e * r + 1.0f;
-  e = e * r + 1.0f;
-  const IntVec bits = (__builtin_convertvector(n, IntVec) + 127) << 23;
-  Vec two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return x < floor ? Splat(0.0f) : e * two_n;
-}
-
-// Turns scores[0, n) into unnormalised softmax weights exp(s - max) and returns 1 / their sum;
-// -inf scores become 0. Returns 0 (and zero weights) when every score is -inf.
-float SoftmaxRow(float* s, int n) {
-  Vec vmax = Splat(kNegInf);
+// Turns scores[0, n) into softmax weights exp(s - max) and returns 1 / their sum, then scales
+// the weights by it when `normalise`; -inf scores become 0. Returns 0 (and zero weights) when
+// every score is -inf. W lanes at a time (vec.h's exp; glibc's scalar expf would cost as much as
+// both GEMMs), summed into four running sums in the same order whatever W, so every width gives
+// the same bits where no multiply-add is fused.
+template <int W>
+inline __attribute__((always_inline)) float SoftmaxRowOf(float* s, int n, bool normalise) {
+  using Wide = typename vec::VecOf<W>::type;
+  Wide wmax = vec::Splat<W>(kNegInf);
   int k = 0;
-  for (; k + kVec <= n; k += kVec) {
-    const Vec x = Load(s + k);
-    vmax = x > vmax ? x : vmax;
+  for (; k + W <= n; k += W) {
+    const Wide x = vec::Load<W>(s + k);
+    wmax = x > wmax ? x : wmax;
   }
   float max = kNegInf;
-  for (int l = 0; l < kVec; ++l) max = std::max(max, vmax[l]);
+  for (int l = 0; l < W; ++l) max = std::max(max, wmax[l]);
   for (; k < n; ++k) max = std::max(max, s[k]);
   if (max == kNegInf) {
     std::fill(s, s + n, 0.0f);
     return 0.0f;
   }
-  Vec vsum = {};
-  for (k = 0; k + kVec <= n; k += kVec) {
-    const Vec e = ExpNonPositive(Load(s + k) - max);
+  Vec sums = {};  // sums[l]: the weights at l, l + 4, l + 8, ... in order
+  for (k = 0; k + W <= n; k += W) {
+    const Wide e = vec::ExpNonPositive<W>(vec::Load<W>(s + k) - max);
+    vec::Store<W>(s + k, e);
+    for (int q = 0; q < W; q += kVec) {
+      Vec part;
+      std::memcpy(&part, reinterpret_cast<const char*>(&e) + q * sizeof(float), sizeof(part));
+      sums += part;
+    }
+  }
+  for (; k + kVec <= n; k += kVec) {
+    const Vec e = vec::ExpNonPositive<kVec>(Load(s + k) - max);
     Store(s + k, e);
-    vsum += e;
+    sums += e;
   }
   if (k < n) {
     // The tail, padded with -inf (weight 0).
     float tail[kVec] = {kNegInf, kNegInf, kNegInf, kNegInf};
     std::memcpy(tail, s + k, sizeof(float) * (n - k));
-    const Vec e = ExpNonPositive(Load(tail) - max);
+    const Vec e = vec::ExpNonPositive<kVec>(Load(tail) - max);
     Store(tail, e);
     std::memcpy(s + k, tail, sizeof(float) * (n - k));
-    vsum += e;
+    sums += e;
   }
-  return 1.0f / Sum(vsum);
+  const float norm = 1.0f / Sum(sums);
+  if (normalise) {
+    for (k = 0; k + W <= n; k += W) vec::Store<W>(s + k, vec::Load<W>(s + k) * norm);
+    for (; k < n; ++k) s[k] *= norm;
+  }
+  return norm;
 }
+
+using SoftmaxFn = float (*)(float*, int, bool);
+
+// Compiled per instruction set without fused multiply-adds (GCC fuses by default in C++ where
+// the target has them): every version gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TANDEM_ATTENTION_X86 1
+__attribute__((target("avx512f"), optimize("fp-contract=off"))) float SoftmaxAvx512(float* s, int n,
+                                                                                    bool norm) {
+  return SoftmaxRowOf<16>(s, n, norm);
+}
+__attribute__((target("avx2"), optimize("fp-contract=off"))) float SoftmaxAvx2(float* s, int n,
+                                                                               bool norm) {
+  return SoftmaxRowOf<8>(s, n, norm);
+}
+#endif
+float SoftmaxPortable(float* s, int n, bool norm) { return SoftmaxRowOf<kVec>(s, n, norm); }
+
+SoftmaxFn SoftmaxNamed(std::string_view name) {
+#ifdef TANDEM_ATTENTION_X86
+  if (name == "avx512") return SoftmaxAvx512;
+  if (name == "avx2") return SoftmaxAvx2;
+#endif
+  return SoftmaxPortable;
+}
+
+SoftmaxFn PickSoftmax() {
+#ifdef TANDEM_ATTENTION_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return SoftmaxAvx512;
+  if (__builtin_cpu_supports("avx2")) return SoftmaxAvx2;
+#endif
+  return SoftmaxPortable;
+}
+
+const SoftmaxFn kSoftmax = PickSoftmax();
 
 const uint64_t* MaskRow(const AttentionParams& p, int query) {
   return p.mask + static_cast<size_t>(query) * p.mask_words;
@@ -214,7 +241,7 @@ void ForEachRow(const AttentionParams& p, const float* cache, int kv_head, int f
 // K and V once for all its queries, and each query still makes exactly the calls, on exactly the
 // slot runs, that a one-token extend of it makes: its sums do not depend on the other queries.
 // Workspace: [new_tokens, group, total] scores per thread.
-void InvokeDirect(const AttentionParams& p, float* workspace) {
+void InvokeDirect(const AttentionParams& p, SoftmaxFn softmax, float* workspace) {
   const int group = p.q_heads / p.kv_heads;
   const int total = p.context_len + p.new_tokens;
   const int d = p.head_dim;
@@ -271,9 +298,8 @@ void InvokeDirect(const AttentionParams& p, float* workspace) {
       for (int h = 0; h < group; ++h) {
         float* s = scores + static_cast<size_t>(i) * per_query + static_cast<size_t>(h) * n;
         HideMasked(p, MaskRow(p, i), spans[i].lo, spans[i].hi, s);
-        const float norm = SoftmaxRow(s, n);
         // Normalising the weights first keeps the output a convex combination of V rows.
-        for (int k = 0; k < n; ++k) s[k] *= norm;
+        softmax(s, n, true);
       }
       std::fill(output(i), output(i) + group * d, 0.0f);
     }
@@ -348,8 +374,8 @@ size_t GemmWorkspaceOneThread(const AttentionParams& p) {
 }
 
 // Queries [i0, i0 + queries) against kv head g, whose gathered K/V are `keys`/`values`.
-void Tile(const AttentionParams& p, int g, int i0, int queries, const float* keys,
-          const float* values, const TileBuffers& b) {
+void Tile(const AttentionParams& p, SoftmaxFn softmax, int g, int i0, int queries,
+          const float* keys, const float* values, const TileBuffers& b) {
   const int group = p.q_heads / p.kv_heads;
   const int total = p.context_len + p.new_tokens;
   const int d = p.head_dim;
@@ -386,7 +412,7 @@ void Tile(const AttentionParams& p, int g, int i0, int queries, const float* key
     std::fill(s, s + lo, 0.0f);
     std::fill(s + hi, s + n, 0.0f);
     HideMasked(p, MaskRow(p, i), lo + k_lo, hi + k_lo, s + lo);
-    b.norms[r] = SoftmaxRow(s + lo, hi - lo);
+    b.norms[r] = softmax(s + lo, hi - lo, false);
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, n, 1.0f, b.s, n,
               values + static_cast<size_t>(k_lo) * d, d, 0.0f, b.o, d);
@@ -405,7 +431,7 @@ void Tile(const AttentionParams& p, int g, int i0, int queries, const float* key
 // (gemm.cc: one pool for every op).
 //
 // Workspace per thread: K and V [total, head_dim] each, then the tile buffers (TileFloats).
-void InvokeGemm(const AttentionParams& p, float* workspace) {
+void InvokeGemm(const AttentionParams& p, SoftmaxFn softmax, float* workspace) {
   const int total = p.context_len + p.new_tokens;
   const int tile_queries = TileQueries(p);
   int gather_lo = total, gather_hi = 0;
@@ -423,7 +449,7 @@ void InvokeGemm(const AttentionParams& p, float* workspace) {
     const TileBuffers b = Carve(p, values + static_cast<size_t>(total) * p.head_dim);
     GatherHead(p, g, gather_lo, gather_hi, keys, values);
     for (int i0 = 0; i0 < p.new_tokens; i0 += tile_queries) {
-      Tile(p, g, i0, std::min(tile_queries, p.new_tokens - i0), keys, values, b);
+      Tile(p, softmax, g, i0, std::min(tile_queries, p.new_tokens - i0), keys, values, b);
     }
   }
 }
@@ -461,13 +487,33 @@ size_t AttentionWorkspaceFloats(const AttentionParams& p) {
   return p.new_tokens <= kAttentionDirectMaxTokens ? DirectWorkspace(p) : GemmWorkspace(p);
 }
 
-void AttentionInvoke(const AttentionParams& p, float* workspace) {
+namespace {
+
+void Invoke(const AttentionParams& p, SoftmaxFn softmax, float* workspace) {
   if (p.new_tokens <= 0) return;
   if (p.new_tokens <= kAttentionDirectMaxTokens) {
-    InvokeDirect(p, workspace);
+    InvokeDirect(p, softmax, workspace);
   } else {
-    InvokeGemm(p, workspace);
+    InvokeGemm(p, softmax, workspace);
   }
+}
+
+}  // namespace
+
+void AttentionInvoke(const AttentionParams& p, float* workspace) { Invoke(p, kSoftmax, workspace); }
+
+std::vector<const char*> AttentionKernelVersions() {
+  std::vector<const char*> versions;
+#ifdef TANDEM_ATTENTION_X86
+  if (__builtin_cpu_supports("avx512f")) versions.push_back("avx512");
+  if (__builtin_cpu_supports("avx2")) versions.push_back("avx2");
+#endif
+  versions.push_back("portable");
+  return versions;
+}
+
+void AttentionInvokeWith(const char* version, const AttentionParams& p, float* workspace) {
+  Invoke(p, SoftmaxNamed(version), workspace);
 }
 
 }  // namespace tandem::kernels::cpu

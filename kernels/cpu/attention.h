@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace tandem::kernels::cpu {
 
@@ -55,11 +56,18 @@ bool AttentionRunsSerial(const AttentionParams& p);
 // A query that sees no key at all (possible with context_len == 0 and an empty mask row, or a
 // window that excludes every slot it may see) gets a zero output.
 //
-// One new token reads the cache in place. More gather each kv head's K/V rows once and run, per
-// tile of queries, S = Q K^T and O = P V as SGEMMs (OpenBLAS threads them), skipping keys no
-// query of the tile sees (a causal tile's far side, slots before a window). Results match a
-// double-precision softmax to about 1e-6 of the rows' |V|; the float sums run in a different
-// order than a naive loop, so they are not bitwise equal to one.
+// Up to kAttentionDirectMaxTokens new tokens read the cache in place. More gather each kv head's
+// K/V rows once and run, per tile of queries, S = Q K^T and O = P V as SGEMMs (single-threaded
+// OpenBLAS inside the kv heads' split), skipping keys no query of the tile sees (a causal tile's
+// far side, slots before a window). Results match a double-precision softmax to about 1e-6 of
+// the rows' |V|; the float sums run in a different order than a naive loop, so they are not
+// bitwise equal to one. The softmax is vectorised per instruction set, picked once per process;
+// every version gives the same bits.
 void AttentionInvoke(const AttentionParams& p, float* workspace);
+
+// For tests: every version this CPU can run ("avx512", "avx2", "portable"), and an Invoke
+// through one of them by name (a name not listed runs the portable one).
+std::vector<const char*> AttentionKernelVersions();
+void AttentionInvokeWith(const char* version, const AttentionParams& p, float* workspace);
 
 }  // namespace tandem::kernels::cpu

@@ -364,6 +364,37 @@ TEST(AttentionTest, DirectPathQueriesEqualOneTokenExtends) {
   }
 }
 
+// The softmax's instruction-set versions give the same bits on both paths, with rows of every
+// length around the vector widths, masked keys and a window.
+TEST(AttentionTest, EveryVersionGivesTheSameBits) {
+  uint32_t seed = 700;
+  for (const int context : {0, 3, 17, 45, 300}) {
+    for (const int new_tokens : {1, 3, kAttentionDirectMaxTokens + 1, 19}) {
+      Shape s;
+      s.block_size = 16;
+      s.context = context;
+      s.new_tokens = new_tokens;
+      s.q_heads = 6;
+      s.kv_heads = 2;
+      s.head_dim = 64;
+      s.window = context % 2 ? 0 : 33;
+      s.pattern = new_tokens % 2 ? Pattern::kRandom : Pattern::kCausal;
+      const Problem p = MakeProblem(s, seed++);
+      std::vector<float> want;
+      const AttentionParams a = Params(p, &want);
+      std::vector<float> workspace(AttentionWorkspaceFloats(a));
+      AttentionInvoke(a, workspace.data());
+      for (const char* version : AttentionKernelVersions()) {
+        std::vector<float> got;
+        const AttentionParams b = Params(p, &got);
+        AttentionInvokeWith(version, b, workspace.data());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * want.size()), 0)
+            << version << ": " << Describe(s);
+      }
+    }
+  }
+}
+
 // Decode over a long paged context: many blocks, many keys per kv head.
 TEST(AttentionTest, DecodeLongContext) {
   for (int window : {0, 512}) {
