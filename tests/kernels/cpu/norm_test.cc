@@ -1,4 +1,5 @@
-// RMSNorm against a double-precision reference, in place and not, and the fused residual add.
+// RMSNorm against a double-precision reference, in place and not, the fused residual add, and
+// every instruction set's version against the process's own.
 #include "kernels/cpu/norm.h"
 
 #include <cmath>
@@ -58,6 +59,34 @@ TEST(RmsNormTest, AddRmsNormAddsTheResidualThenNormalises) {
     RmsNorm(sum.data(), weight.data(), normed.data(), rows, dim, 1e-5f);
     EXPECT_EQ(std::memcmp(fused_residual.data(), sum.data(), sum.size() * sizeof(float)), 0);
     EXPECT_EQ(std::memcmp(fused.data(), normed.data(), normed.size() * sizeof(float)), 0);
+  }
+}
+
+// Every instruction set's version gives the process's own bits, with row lengths around the
+// vector widths and the eight running sums.
+TEST(RmsNormTest, EveryVersionGivesTheSameBits) {
+  std::mt19937 rng(6);
+  for (const int dim : {1, 7, 8, 9, 15, 16, 17, 64, 100, 768}) {
+    const int rows = 3;
+    const std::vector<float> x = Random(static_cast<size_t>(rows) * dim, rng);
+    const std::vector<float> delta = Random(x.size(), rng);
+    const std::vector<float> weight = Random(dim, rng);
+    std::vector<float> want(x.size(), NAN), want_res = x;
+    RmsNorm(x.data(), weight.data(), want.data(), rows, dim, 1e-6f);
+    std::vector<float> want_fused(x.size(), NAN);
+    AddRmsNorm(want_res.data(), delta.data(), weight.data(), want_fused.data(), rows, dim, 1e-6f);
+    for (const char* version : NormKernelVersions()) {
+      std::vector<float> got(x.size(), NAN), got_res = x, got_fused(x.size(), NAN);
+      RmsNormWith(version, x.data(), weight.data(), got.data(), rows, dim, 1e-6f);
+      AddRmsNormWith(version, got_res.data(), delta.data(), weight.data(), got_fused.data(), rows,
+                     dim, 1e-6f);
+      const size_t bytes = x.size() * sizeof(float);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << version << " dim " << dim;
+      EXPECT_EQ(std::memcmp(got_res.data(), want_res.data(), bytes), 0)
+          << version << " dim " << dim;
+      EXPECT_EQ(std::memcmp(got_fused.data(), want_fused.data(), bytes), 0)
+          << version << " dim " << dim;
+    }
   }
 }
 
