@@ -19,6 +19,10 @@ namespace kc = kernels::cpu;
 namespace {
 
 // Where an extend's rows sit in the concatenated batch.
+// Rows from which the attention block's per-token work (q/k norms, RoPE, K/V rows into the cache)
+// splits over the threads: below, a fork and join costs about what it saves.
+constexpr int kParallelTokens = 4;
+
 struct Slice {
   int offset = 0;   // first row in the batch
   int n = 0;        // new tokens
@@ -65,6 +69,7 @@ struct CpuTransformer::Layout {
   std::vector<std::vector<float>> dyn_freq;
   std::vector<float> dyn_scaling;
   std::vector<std::vector<uint64_t>> masks;  // per extend: its visibility bits
+  std::vector<int> extend_of;                // per row: its extend
 };
 
 // The forward's activations, [rows, width] each.
@@ -137,6 +142,7 @@ CpuTransformer::Layout CpuTransformer::LayOut(std::span<const Extend> batch,
     l.slices[e] = {l.total, static_cast<int>(batch[e].tokens.size()),
                    kv.CommittedLength(batch[e].seq)};
     l.total += l.slices[e].n;
+    l.extend_of.insert(l.extend_of.end(), l.slices[e].n, static_cast<int>(e));
   }
   for (size_t e = 0; e < batch.size(); ++e) {
     for (int i = 0; i < static_cast<int>(batch[e].lora_gate.size()); ++i) {
@@ -203,38 +209,41 @@ void CpuTransformer::AttentionBlock(int layer, std::span<const Extend> batch, co
     ApplyLora(*lora, layer, LoraTarget::kV, a.h.data(), hidden, a.qkv.data(), qkv_width,
               (hq + hkv) * d, layout.lora_rows);
   }
-  if (!w.q_norm.empty()) {
-    for (int t = 0; t < total; ++t) {
-      float* row = &a.qkv[static_cast<size_t>(t) * qkv_width];
+  // Per token: the q/k norms, RoPE and the K/V rows into the cache, the tokens split over the
+  // threads (each token on its own, so the split leaves the values as they are). Each core then
+  // moves half of the rows the product wrote on both; on one, it moved them all while the other
+  // waited.
+  const int threads = total >= kParallelTokens ? kc::CpuThreads() : 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int t = 0; t < total; ++t) {
+    const int e = layout.extend_of[t];
+    const Slice& s = layout.slices[e];
+    const int i = t - s.offset;
+    float* row = &a.qkv[static_cast<size_t>(t) * qkv_width];
+    if (!w.q_norm.empty()) {
       kc::RmsNorm(row, w.q_norm.data(), row, hq, d, c.rms_norm_eps);
       kc::RmsNorm(row + hq * d, w.k_norm.data(), row + hq * d, hkv, d, c.rms_norm_eps);
     }
+    // The q heads and the k heads after them, one rotation.
+    kc::RopeInvoke(
+        {.x = row,
+         .positions = batch[e].positions.data() + i,
+         .inv_freq = layout.dyn_freq[e].empty() ? inv_freq_.data() : layout.dyn_freq[e].data(),
+         .attention_scaling = layout.dyn_scaling[e],
+         .tokens = 1,
+         .heads = hq + hkv,
+         .head_dim = d,
+         .row_stride = qkv_width});
+    std::memcpy(kv.KeyRow(batch[e].seq, layer, s.context + i), row + hq * d,
+                sizeof(float) * hkv * d);
+    std::memcpy(kv.ValueRow(batch[e].seq, layer, s.context + i), row + (hq + hkv) * d,
+                sizeof(float) * hkv * d);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<kc::AttentionParams> params(batch.size());
   for (size_t e = 0; e < batch.size(); ++e) {
     const Slice& s = layout.slices[e];
-    const float* freq = layout.dyn_freq[e].empty() ? inv_freq_.data() : layout.dyn_freq[e].data();
     float* base = &a.qkv[static_cast<size_t>(s.offset) * qkv_width];
-    for (int part = 0; part < 2; ++part) {  // q heads, then k heads
-      kc::RopeParams rp;
-      rp.x = base + (part == 0 ? 0 : hq * d);
-      rp.positions = batch[e].positions.data();
-      rp.inv_freq = freq;
-      rp.attention_scaling = layout.dyn_scaling[e];
-      rp.tokens = s.n;
-      rp.heads = part == 0 ? hq : hkv;
-      rp.head_dim = d;
-      rp.row_stride = qkv_width;
-      kc::RopeInvoke(rp);
-    }
-    for (int i = 0; i < s.n; ++i) {
-      const float* row = base + static_cast<size_t>(i) * qkv_width;
-      std::memcpy(kv.KeyRow(batch[e].seq, layer, s.context + i), row + hq * d,
-                  sizeof(float) * hkv * d);
-      std::memcpy(kv.ValueRow(batch[e].seq, layer, s.context + i), row + (hq + hkv) * d,
-                  sizeof(float) * hkv * d);
-    }
     kc::AttentionParams& ap = params[e];
     ap.q = base;
     ap.q_stride = qkv_width;
