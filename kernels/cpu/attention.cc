@@ -373,9 +373,19 @@ size_t GemmWorkspaceOneThread(const AttentionParams& p) {
   return 2 * (static_cast<size_t>(p.context_len) + p.new_tokens) * p.head_dim + TileFloats(p);
 }
 
-// Queries [i0, i0 + queries) against kv head g, whose gathered K/V are `keys`/`values`.
+// One kv head's K and V rows: slot s's at keys/values + (s - base) * ld.
+struct HeadRows {
+  const float* keys;
+  const float* values;
+  size_t ld;
+  int base;
+  const float* Key(int slot) const { return keys + static_cast<size_t>(slot - base) * ld; }
+  const float* Value(int slot) const { return values + static_cast<size_t>(slot - base) * ld; }
+};
+
+// Queries [i0, i0 + queries) against kv head g, whose K/V rows are `rows`.
 void Tile(const AttentionParams& p, SoftmaxFn softmax, int g, int i0, int queries,
-          const float* keys, const float* values, const TileBuffers& b) {
+          const HeadRows& kv, const TileBuffers& b) {
   const int group = p.q_heads / p.kv_heads;
   const int total = p.context_len + p.new_tokens;
   const int d = p.head_dim;
@@ -401,8 +411,9 @@ void Tile(const AttentionParams& p, SoftmaxFn softmax, int g, int i0, int querie
                 p.q + static_cast<size_t>(i) * p.q_stride + static_cast<size_t>(g) * group * d,
                 sizeof(float) * group * d);
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, d, p.scale, b.q, d,
-              keys + static_cast<size_t>(k_lo) * d, d, 0.0f, b.s, n);
+  const int ld = static_cast<int>(kv.ld);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, d, p.scale, b.q, d, kv.Key(k_lo),
+              ld, 0.0f, b.s, n);
   for (int r = 0; r < rows; ++r) {
     const int i = i0 + r / group;
     const Span v = Visible(p, i);
@@ -414,8 +425,8 @@ void Tile(const AttentionParams& p, SoftmaxFn softmax, int g, int i0, int querie
     HideMasked(p, MaskRow(p, i), lo + k_lo, hi + k_lo, s + lo);
     b.norms[r] = softmax(s + lo, hi - lo, false);
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, n, 1.0f, b.s, n,
-              values + static_cast<size_t>(k_lo) * d, d, 0.0f, b.o, d);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, n, 1.0f, b.s, n, kv.Value(k_lo),
+              ld, 0.0f, b.o, d);
   for (int r = 0; r < rows; ++r) {
     const int i = i0 + r / group;
     const int h = g * group + r % group;
@@ -424,8 +435,21 @@ void Tile(const AttentionParams& p, SoftmaxFn softmax, int g, int i0, int querie
   }
 }
 
+// Whether slots [lo, hi) sit in consecutive blocks of the pool, so that a kv head's rows are
+// evenly strided there (what a sequence's blocks usually are when it runs alone: allocated as it
+// grows).
+bool Consecutive(const AttentionParams& p, int lo, int hi) {
+  const int first = lo / p.block_size, last = (hi - 1) / p.block_size;
+  for (int b = first; b < last; ++b) {
+    if (p.block_table[b + 1] != p.block_table[b] + 1) return false;
+  }
+  return true;
+}
+
 // Many new tokens (prefill): per kv head, the sequence's K and V rows that any query sees are
-// gathered into contiguous [total, head_dim] buffers once; then per tile of queries,
+// gathered into contiguous [total, head_dim] buffers once (or, when they sit in consecutive
+// blocks, read where they are, strided: OpenBLAS packs its operands either way, so the sums are
+// the same); then per tile of queries,
 // S = scale · Q K^T and O = P V are two SGEMMs over the keys [k_lo, k_hi) some row of the tile
 // sees. The kv heads split across the ops' OpenMP pool, each calling single-threaded OpenBLAS
 // (gemm.cc: one pool for every op).
@@ -441,15 +465,27 @@ void InvokeGemm(const AttentionParams& p, SoftmaxFn softmax, float* workspace) {
     gather_lo = std::min(gather_lo, v.lo);
     gather_hi = std::max(gather_hi, v.hi);
   }
+  const bool in_place = gather_lo < gather_hi && Consecutive(p, gather_lo, gather_hi);
   const size_t per_thread = GemmWorkspaceOneThread(p);
 #pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (!AttentionRunsSerial(p))
   for (int g = 0; g < p.kv_heads; ++g) {
     float* keys = workspace + static_cast<size_t>(omp_get_thread_num()) * per_thread;
     float* values = keys + static_cast<size_t>(total) * p.head_dim;
     const TileBuffers b = Carve(p, values + static_cast<size_t>(total) * p.head_dim);
-    GatherHead(p, g, gather_lo, gather_hi, keys, values);
+    HeadRows kv{.keys = keys, .values = values, .ld = static_cast<size_t>(p.head_dim), .base = 0};
+    if (in_place) {
+      const size_t at =
+          static_cast<size_t>(g) * p.head_dim +
+          (static_cast<size_t>(p.block_table[gather_lo / p.block_size]) * p.block_size +
+           gather_lo % p.block_size) *
+              RowStride(p);
+      kv = {
+          .keys = p.k_cache + at, .values = p.v_cache + at, .ld = RowStride(p), .base = gather_lo};
+    } else {
+      GatherHead(p, g, gather_lo, gather_hi, keys, values);
+    }
     for (int i0 = 0; i0 < p.new_tokens; i0 += tile_queries) {
-      Tile(p, softmax, g, i0, std::min(tile_queries, p.new_tokens - i0), keys, values, b);
+      Tile(p, softmax, g, i0, std::min(tile_queries, p.new_tokens - i0), kv, b);
     }
   }
 }

@@ -55,16 +55,17 @@ struct Shape {
   Pattern pattern = Pattern::kCausal;
   int stride_pad = 0;  // extra floats per q/out row
   float value_range = 1.0f;
-  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  float scale = 0.0f;        // 0: 1 / sqrt(head_dim)
+  bool consecutive = false;  // the sequence's blocks in order, one after another in the pool
 };
 
 std::string Describe(const Shape& s) {
   char buf[256];
   std::snprintf(buf, sizeof(buf),
                 "block_size=%d context=%d new_tokens=%d q_heads=%d kv_heads=%d head_dim=%d "
-                "window=%d pattern=%s stride_pad=%d",
+                "window=%d pattern=%s stride_pad=%d consecutive=%d",
                 s.block_size, s.context, s.new_tokens, s.q_heads, s.kv_heads, s.head_dim, s.window,
-                Name(s.pattern), s.stride_pad);
+                Name(s.pattern), s.stride_pad, s.consecutive);
   return buf;
 }
 
@@ -103,13 +104,18 @@ Problem MakeProblem(const Shape& s, uint32_t seed) {
   const int total = s.context + s.new_tokens;
   const int used_blocks = (total + s.block_size - 1) / s.block_size;
   // A pool with spare blocks; the sequence gets a shuffled subset, so its blocks are neither
-  // contiguous nor in order. Every cache row outside the sequence's slots is NaN: reading one
-  // would poison the result.
+  // contiguous nor in order (or, when `consecutive`, a run of them from the pool's middle).
+  // Every cache row outside the sequence's slots is NaN: reading one would poison the result.
   const int pool = 2 * used_blocks + 3;
   std::vector<int32_t> ids(pool);
   std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  p.block_table.assign(ids.begin(), ids.begin() + used_blocks);
+  if (s.consecutive) {
+    p.block_table.assign(ids.begin() + used_blocks / 2 + 1,
+                         ids.begin() + used_blocks / 2 + 1 + used_blocks);
+  } else {
+    std::shuffle(ids.begin(), ids.end(), rng);
+    p.block_table.assign(ids.begin(), ids.begin() + used_blocks);
+  }
   const size_t row_floats = static_cast<size_t>(s.kv_heads) * s.head_dim;
   p.k_cache.assign(static_cast<size_t>(pool) * s.block_size * row_floats, kNaN);
   p.v_cache.assign(p.k_cache.size(), kNaN);
@@ -295,6 +301,7 @@ TEST_P(AttentionSweep, MatchesReference) {
       s.window = window;
       s.pattern = pattern;
       s.stride_pad = (seed % 2) * 3;
+      s.consecutive = seed % 3 == 0;
       RunAndCompare(MakeProblem(s, seed++ * 7919 + block_size * 131 + context * 17 + new_tokens));
     }
   }
@@ -391,6 +398,47 @@ TEST(AttentionTest, EveryVersionGivesTheSameBits) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * want.size()), 0)
             << version << ": " << Describe(s);
       }
+    }
+  }
+}
+
+// Blocks one after another in the pool are read in place (strided) by the GEMM path; the result
+// equals, bit for bit, that of the same rows gathered from scattered blocks.
+TEST(AttentionTest, ConsecutiveBlocksGiveTheScatteredBits) {
+  uint32_t seed = 900;
+  for (const int context : {0, 30, 300}) {
+    for (const int new_tokens : {1, kAttentionDirectMaxTokens + 1, 16, 70}) {
+      Shape s;
+      s.block_size = 16;
+      s.context = context;
+      s.new_tokens = new_tokens;
+      s.q_heads = 12;
+      s.kv_heads = 4;
+      s.head_dim = 64;
+      s.window = context == 300 ? 100 : 0;
+      const Problem scattered = MakeProblem(s, seed);
+      s.consecutive = true;
+      Problem consecutive = MakeProblem(s, seed++);
+      // The scattered problem's rows and queries, moved to the consecutive blocks.
+      for (int slot = 0; slot < context + new_tokens; ++slot) {
+        for (int g = 0; g < s.kv_heads; ++g) {
+          for (int d = 0; d < s.head_dim; ++d) {
+            consecutive.k_cache[consecutive.CacheIndex(slot, g) + d] =
+                scattered.k_cache[scattered.CacheIndex(slot, g) + d];
+            consecutive.v_cache[consecutive.CacheIndex(slot, g) + d] =
+                scattered.v_cache[scattered.CacheIndex(slot, g) + d];
+          }
+        }
+      }
+      consecutive.q = scattered.q;
+      consecutive.mask = scattered.mask;
+      std::vector<float> want, got;
+      const AttentionParams a = Params(scattered, &want), b = Params(consecutive, &got);
+      std::vector<float> workspace(AttentionWorkspaceFloats(a));
+      AttentionInvoke(a, workspace.data());
+      AttentionInvoke(b, workspace.data());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * want.size()), 0)
+          << Describe(s);
     }
   }
 }
