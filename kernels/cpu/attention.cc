@@ -383,7 +383,7 @@ struct HeadRows {
   const float* Value(int slot) const { return values + static_cast<size_t>(slot - base) * ld; }
 };
 
-// Queries [i0, i0 + queries) against kv head g, whose K/V rows are `rows`.
+// Queries [i0, i0 + queries) against kv head g, whose K/V rows are `kv`.
 void Tile(const AttentionParams& p, SoftmaxFn softmax, int g, int i0, int queries,
           const HeadRows& kv, const TileBuffers& b) {
   const int group = p.q_heads / p.kv_heads;

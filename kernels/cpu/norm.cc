@@ -14,8 +14,6 @@ namespace tandem::kernels::cpu {
 
 namespace {
 
-using vec::VecOf;
-
 template <int W>
 struct DoublesOf {
   typedef double type __attribute__((vector_size(sizeof(double) * W)));

@@ -18,11 +18,11 @@ namespace kc = kernels::cpu;
 
 namespace {
 
-// Where an extend's rows sit in the concatenated batch.
 // Rows from which the attention block's per-token work (q/k norms, RoPE, K/V rows into the cache)
 // splits over the threads: below, a fork and join costs about what it saves.
 constexpr int kParallelTokens = 4;
 
+// Where an extend's rows sit in the concatenated batch.
 struct Slice {
   int offset = 0;   // first row in the batch
   int n = 0;        // new tokens
