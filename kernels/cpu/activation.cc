@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <string_view>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec.h"
 
 namespace tandem::kernels::cpu {
@@ -52,8 +52,7 @@ using SpanFn = void (*)(const float*, const float*, float*, int);
 
 // The versions fuse no multiply-add (AVX-512 has them, and GCC fuses by default in C++), so they
 // all give the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TANDEM_ACTIVATION_X86 1
+#ifdef TANDEM_KERNELS_X86
 __attribute__((target("avx512f"), optimize("fp-contract=off"))) void SpanAvx512(const float* g,
                                                                                 const float* u,
                                                                                 float* o, int n) {
@@ -67,24 +66,13 @@ __attribute__((target("avx2"), optimize("fp-contract=off"))) void SpanAvx2(const
 #endif
 void SpanPortable(const float* g, const float* u, float* o, int n) { SiluMulSpan<4>(g, u, o, n); }
 
-SpanFn PickSpan() {
-#ifdef TANDEM_ACTIVATION_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return SpanAvx512;
-  if (__builtin_cpu_supports("avx2")) return SpanAvx2;
+const IsaVersions<SpanFn> kSpans = {
+#ifdef TANDEM_KERNELS_X86
+    .avx512 = SpanAvx512,
+    .avx2 = SpanAvx2,
 #endif
-  return SpanPortable;
-}
-
-const SpanFn kSpan = PickSpan();
-
-SpanFn SpanNamed(std::string_view name) {
-#ifdef TANDEM_ACTIVATION_X86
-  if (name == "avx512") return SpanAvx512;
-  if (name == "avx2") return SpanAvx2;
-#endif
-  return SpanPortable;
-}
+    .portable = SpanPortable};
+const SpanFn kSpan = kSpans.Best();
 
 void Run(SpanFn span, const float* gate_up, float* out, int rows, int inter) {
   if (rows <= 0 || inter <= 0) return;
@@ -107,18 +95,10 @@ void SiluMulFused(const float* gate_up, float* out, int rows, int inter) {
   Run(kSpan, gate_up, out, rows, inter);
 }
 
-std::vector<const char*> ActivationKernelVersions() {
-  std::vector<const char*> versions;
-#ifdef TANDEM_ACTIVATION_X86
-  if (__builtin_cpu_supports("avx512f")) versions.push_back("avx512");
-  if (__builtin_cpu_supports("avx2")) versions.push_back("avx2");
-#endif
-  versions.push_back("portable");
-  return versions;
-}
+std::vector<const char*> ActivationKernelVersions() { return kSpans.Names(); }
 
 void SiluMulFusedWith(const char* version, const float* gate_up, float* out, int rows, int inter) {
-  Run(SpanNamed(version), gate_up, out, rows, inter);
+  Run(kSpans.Named(version), gate_up, out, rows, inter);
 }
 
 }  // namespace tandem::kernels::cpu

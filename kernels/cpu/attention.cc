@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <string_view>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/rows_gemm.h"
 #include "kernels/cpu/vec.h"
 
@@ -116,8 +116,7 @@ using SoftmaxFn = float (*)(float*, int, bool);
 
 // Compiled per instruction set without fused multiply-adds (GCC fuses by default in C++ where
 // the target has them): every version gives the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TANDEM_ATTENTION_X86 1
+#ifdef TANDEM_KERNELS_X86
 __attribute__((target("avx512f"), optimize("fp-contract=off"))) float SoftmaxAvx512(float* s, int n,
                                                                                     bool norm) {
   return SoftmaxRowOf<16>(s, n, norm);
@@ -129,24 +128,13 @@ __attribute__((target("avx2"), optimize("fp-contract=off"))) float SoftmaxAvx2(f
 #endif
 float SoftmaxPortable(float* s, int n, bool norm) { return SoftmaxRowOf<kVec>(s, n, norm); }
 
-SoftmaxFn SoftmaxNamed(std::string_view name) {
-#ifdef TANDEM_ATTENTION_X86
-  if (name == "avx512") return SoftmaxAvx512;
-  if (name == "avx2") return SoftmaxAvx2;
+const IsaVersions<SoftmaxFn> kSoftmaxes = {
+#ifdef TANDEM_KERNELS_X86
+    .avx512 = SoftmaxAvx512,
+    .avx2 = SoftmaxAvx2,
 #endif
-  return SoftmaxPortable;
-}
-
-SoftmaxFn PickSoftmax() {
-#ifdef TANDEM_ATTENTION_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return SoftmaxAvx512;
-  if (__builtin_cpu_supports("avx2")) return SoftmaxAvx2;
-#endif
-  return SoftmaxPortable;
-}
-
-const SoftmaxFn kSoftmax = PickSoftmax();
+    .portable = SoftmaxPortable};
+const SoftmaxFn kSoftmax = kSoftmaxes.Best();
 
 const uint64_t* MaskRow(const AttentionParams& p, int query) {
   return p.mask + static_cast<size_t>(query) * p.mask_words;
@@ -538,18 +526,10 @@ void Invoke(const AttentionParams& p, SoftmaxFn softmax, float* workspace) {
 
 void AttentionInvoke(const AttentionParams& p, float* workspace) { Invoke(p, kSoftmax, workspace); }
 
-std::vector<const char*> AttentionKernelVersions() {
-  std::vector<const char*> versions;
-#ifdef TANDEM_ATTENTION_X86
-  if (__builtin_cpu_supports("avx512f")) versions.push_back("avx512");
-  if (__builtin_cpu_supports("avx2")) versions.push_back("avx2");
-#endif
-  versions.push_back("portable");
-  return versions;
-}
+std::vector<const char*> AttentionKernelVersions() { return kSoftmaxes.Names(); }
 
 void AttentionInvokeWith(const char* version, const AttentionParams& p, float* workspace) {
-  Invoke(p, SoftmaxNamed(version), workspace);
+  Invoke(p, kSoftmaxes.Named(version), workspace);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <string_view>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec.h"
 
 namespace tandem::kernels::cpu {
@@ -88,8 +88,7 @@ using RowsFn = void (*)(float*, const float*, const float*, const float*, float*
 
 // Compiled per instruction set without fused multiply-adds, like the other element-wise
 // kernels (here fusing would not change the sums, see SumOfSquares).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TANDEM_NORM_X86 1
+#ifdef TANDEM_KERNELS_X86
 __attribute__((target("avx512f"), optimize("fp-contract=off"))) void RowsAvx512(
     float* residual, const float* delta, const float* x, const float* weight, float* y, int rows,
     int dim, float eps) {
@@ -106,24 +105,13 @@ void RowsPortable(float* residual, const float* delta, const float* x, const flo
   Rows<4, 2>(residual, delta, x, weight, y, rows, dim, eps);
 }
 
-RowsFn PickRows() {
-#ifdef TANDEM_NORM_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return RowsAvx512;
-  if (__builtin_cpu_supports("avx2")) return RowsAvx2;
+const IsaVersions<RowsFn> kVersions = {
+#ifdef TANDEM_KERNELS_X86
+    .avx512 = RowsAvx512,
+    .avx2 = RowsAvx2,
 #endif
-  return RowsPortable;
-}
-
-const RowsFn kRows = PickRows();
-
-RowsFn RowsNamed(std::string_view name) {
-#ifdef TANDEM_NORM_X86
-  if (name == "avx512") return RowsAvx512;
-  if (name == "avx2") return RowsAvx2;
-#endif
-  return RowsPortable;
-}
+    .portable = RowsPortable};
+const RowsFn kRows = kVersions.Best();
 
 // Values from which the rows split over the threads. Past the arithmetic, a norm's cost is
 // moving its rows between the cores' caches: the products before it wrote half of each row on
@@ -161,24 +149,16 @@ void AddRmsNorm(float* residual, const float* delta, const float* weight, float*
   Split(kRows, residual, delta, nullptr, weight, y, rows, dim, eps);
 }
 
-std::vector<const char*> NormKernelVersions() {
-  std::vector<const char*> versions;
-#ifdef TANDEM_NORM_X86
-  if (__builtin_cpu_supports("avx512f")) versions.push_back("avx512");
-  if (__builtin_cpu_supports("avx2")) versions.push_back("avx2");
-#endif
-  versions.push_back("portable");
-  return versions;
-}
+std::vector<const char*> NormKernelVersions() { return kVersions.Names(); }
 
 void RmsNormWith(const char* version, const float* x, const float* weight, float* y, int rows,
                  int dim, float eps) {
-  Split(RowsNamed(version), nullptr, nullptr, x, weight, y, rows, dim, eps);
+  Split(kVersions.Named(version), nullptr, nullptr, x, weight, y, rows, dim, eps);
 }
 
 void AddRmsNormWith(const char* version, float* residual, const float* delta, const float* weight,
                     float* y, int rows, int dim, float eps) {
-  Split(RowsNamed(version), residual, delta, nullptr, weight, y, rows, dim, eps);
+  Split(kVersions.Named(version), residual, delta, nullptr, weight, y, rows, dim, eps);
 }
 
 }  // namespace tandem::kernels::cpu
