@@ -71,6 +71,10 @@ std::optional<ModeLoadPoint> CostModel::ModeAt(std::string_view mode, double seq
           p[i - 1].extend_tokens + f * (p[i].extend_tokens - p[i - 1].extend_tokens);
       out.wait_seconds = p[i - 1].wait_seconds + f * (p[i].wait_seconds - p[i - 1].wait_seconds);
       out.step_seconds = p[i - 1].step_seconds + f * (p[i].step_seconds - p[i - 1].step_seconds);
+      // A start cost measured on one side only is held, not blended with the other's 0.
+      const double a = p[i - 1].start_seconds;
+      const double b = p[i].start_seconds;
+      out.start_seconds = a > 0 && b > 0 ? a + f * (b - a) : std::max(a, b);
       out.samples = std::min(p[i - 1].samples, p[i].samples);
       return out;
     }
@@ -78,7 +82,8 @@ std::optional<ModeLoadPoint> CostModel::ModeAt(std::string_view mode, double seq
   return p.back();
 }
 
-std::optional<double> CostModel::Goodput(std::string_view mode, double sequences) const {
+std::optional<double> CostModel::Goodput(std::string_view mode, double sequences,
+                                         double request_tokens) const {
   if (sequences <= 0) return std::nullopt;
   const std::optional<ModeLoadPoint> point = ModeAt(mode, sequences);
   if (!point) return std::nullopt;
@@ -95,7 +100,12 @@ std::optional<double> CostModel::Goodput(std::string_view mode, double sequences
     }
   }
   if (seconds <= 0) return std::nullopt;
-  return sequences * point->tokens_per_step / (seconds + std::max(0.0, point->wait_seconds));
+  const double step = seconds + std::max(0.0, point->wait_seconds);
+  const double length = request_tokens > 0 ? request_tokens : this->request_tokens;
+  if (length <= 0 || point->start_seconds <= 0 || point->tokens_per_step <= 0) {
+    return sequences * point->tokens_per_step / step;
+  }
+  return sequences * length / (point->start_seconds + length * step / point->tokens_per_step);
 }
 
 bool CostModel::MeasuredNear(std::string_view mode, double sequences, int64_t min_samples) const {
@@ -104,6 +114,13 @@ bool CostModel::MeasuredNear(std::string_view mode, double sequences, int64_t mi
   return std::any_of(it->second.begin(), it->second.end(), [&](const ModeLoadPoint& p) {
     return p.samples >= min_samples && p.sequences * 2 >= sequences && p.sequences <= sequences * 2;
   });
+}
+
+void CostModelBuilder::Average(double& mean, int64_t& samples, double value) const {
+  ++samples;
+  // A running mean until the EWMA's horizon is filled, so early samples weigh equally.
+  const double w = std::max(alpha_, 1.0 / static_cast<double>(samples));
+  mean += w * (value - mean);
 }
 
 void CostModelBuilder::Update(Bucket& bucket, double x, double y, double z, double wait,
@@ -115,12 +132,16 @@ void CostModelBuilder::Update(Bucket& bucket, double x, double y, double z, doub
   bucket.y += w * (y - bucket.y);
   bucket.z += w * (z - bucket.z);
   bucket.w += w * (wait - bucket.w);
-  if (step > 0) {
-    // Step times come only from some sequence-steps (see ObserveSequenceStep): their own mean.
-    ++bucket.step_samples;
-    const double ws = std::max(alpha_, 1.0 / static_cast<double>(bucket.step_samples));
-    bucket.s += ws * (step - bucket.s);
-  }
+  // Step times come only from some sequence-steps (see ObserveSequenceStep): their own mean.
+  if (step > 0) Average(bucket.s, bucket.step_samples, step);
+}
+
+CostModelBuilder::Bucket& CostModelBuilder::ModeBucket(std::string_view mode, int sequences) {
+  auto it = modes_.find(mode);
+  if (it == modes_.end()) it = modes_.emplace(std::string(mode), std::vector<Bucket>()).first;
+  const size_t k = BucketOf(sequences);
+  if (it->second.size() <= k) it->second.resize(k + 1);
+  return it->second[k];
 }
 
 void CostModelBuilder::ObserveStep(int batch_tokens, double seconds) {
@@ -136,15 +157,23 @@ void CostModelBuilder::ObserveSequenceStep(std::string_view mode, int sequences,
   if (sequences <= 0 || gained < 0 || extend_tokens <= 0) return;
   if (!(wait_seconds >= 0) || !std::isfinite(wait_seconds)) wait_seconds = 0;
   if (!(step_seconds >= 0) || !std::isfinite(step_seconds)) step_seconds = 0;
-  auto it = modes_.find(mode);
-  if (it == modes_.end()) it = modes_.emplace(std::string(mode), std::vector<Bucket>()).first;
-  const size_t k = BucketOf(sequences);
-  if (it->second.size() <= k) it->second.resize(k + 1);
-  Update(it->second[k], sequences, gained, extend_tokens, wait_seconds, step_seconds);
+  Update(ModeBucket(mode, sequences), sequences, gained, extend_tokens, wait_seconds, step_seconds);
+}
+
+void CostModelBuilder::ObserveStart(std::string_view mode, int sequences, double seconds) {
+  if (sequences <= 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
+  Bucket& bucket = ModeBucket(mode, sequences);
+  Average(bucket.start, bucket.start_samples, seconds);
+}
+
+void CostModelBuilder::ObserveFinished(int completion_tokens) {
+  if (completion_tokens <= 0) return;
+  Average(request_tokens_, finished_, completion_tokens);
 }
 
 CostModel CostModelBuilder::Snapshot() const {
   CostModel model;
+  model.request_tokens = request_tokens_;
   for (const Bucket& b : steps_) {
     if (b.samples == 0) continue;
     model.step_times.push_back(
@@ -159,6 +188,7 @@ CostModel CostModelBuilder::Snapshot() const {
                                      .extend_tokens = b.z,
                                      .wait_seconds = b.w,
                                      .step_seconds = b.s,
+                                     .start_seconds = b.start,
                                      .samples = b.samples});
     }
   }

@@ -51,6 +51,13 @@ struct ModeLoadPoint {
   // cost beyond the forward (on a shared host, a drafter's work competing with the verifier's)
   // — what the shared curve, fed by every step, blurs. 0 when no such step was seen.
   double step_seconds = 0;
+  // Mean seconds from a request's submission to the end of the step that took the last of its
+  // prompt (its first token), for requests that started at this load: queueing, prefill, and
+  // whatever a mode does before its first token (a `spec` request opening its drafter session
+  // while the drafter takes the same prompt). What a request pays once, not per token: at a
+  // few short requests it decides between modes whose per-token rates tie. 0 when no request
+  // started at this load.
+  double start_seconds = 0;
   int64_t samples = 0;  // sequence-steps observed
 };
 
@@ -58,6 +65,9 @@ struct CostModel {
   std::vector<StepTimePoint> step_times;  // by batch_tokens, ascending
   // Per mode name, by sequences ascending. Only modes measured at least once appear.
   std::map<std::string, std::vector<ModeLoadPoint>, std::less<>> modes;
+  // Mean completion tokens of the verifier's finished requests (any mode; 0 = none yet): the
+  // length over which a mode's start cost is spread.
+  double request_tokens = 0;
 
   bool empty() const { return step_times.empty() && modes.empty(); }
   // Seconds of a step of `batch_tokens`: piecewise linear between points; below the first point
@@ -70,13 +80,17 @@ struct CostModel {
   // The mode's TPF and extend tokens at `sequences`, interpolated linearly between its points
   // and held constant beyond them. nullopt when the mode has no point.
   std::optional<ModeLoadPoint> ModeAt(std::string_view mode, double sequences) const;
-  // Completion tokens per second of a batch of `sequences` sequences all decoding in `mode`:
-  // sequences × TPF / (step seconds + wait seconds), where step seconds is the mode's own
+  // Completion tokens per second of `sequences` sequences all decoding in `mode`, each serving
+  // requests of L completion tokens one after another: sequences × L / (start + L × per token),
+  // with per token = (step seconds + wait seconds) / TPF and start the mode's start_seconds
+  // (Little's law for a closed loop of `sequences` clients). Step seconds is the mode's own
   // measured step time at that load (interpolated between its points; beyond its last point,
   // scaled along the curve by StepSeconds(sequences × extend) / StepSeconds(at that point)), or
-  // the curve alone where the mode has no step time. nullopt without data for the mode or the
-  // curve.
-  std::optional<double> Goodput(std::string_view mode, double sequences) const;
+  // the curve alone where the mode has no step time. L is `request_tokens` when positive, else
+  // the model's request_tokens; without an L or a start cost the estimate is the steady rate
+  // sequences / per token. nullopt without data for the mode or the curve.
+  std::optional<double> Goodput(std::string_view mode, double sequences,
+                                double request_tokens = 0) const;
   // Whether `mode` has a point measured near `sequences` (within a factor of two) from at least
   // `min_samples` sequence-steps: an estimate there is a measurement, not an extrapolation.
   bool MeasuredNear(std::string_view mode, double sequences, int64_t min_samples) const;
@@ -106,6 +120,11 @@ class CostModelBuilder {
   // to the mix, not to any one of its modes).
   void ObserveSequenceStep(std::string_view mode, int sequences, int gained, int extend_tokens,
                            double wait_seconds = 0, double step_seconds = 0);
+  // A request in `mode` got its first token `seconds` after its submission, with `sequences`
+  // resident sequences in that mode (this one included).
+  void ObserveStart(std::string_view mode, int sequences, double seconds);
+  // A request finished normally (a stop or its length) with `completion_tokens` tokens.
+  void ObserveFinished(int completion_tokens);
 
   CostModel Snapshot() const;
 
@@ -117,13 +136,20 @@ class CostModelBuilder {
     double w = 0;  // wait seconds (modes only)
     double s = 0;  // step seconds (modes only; over `step_samples` observations)
     int64_t step_samples = 0;
+    double start = 0;  // start seconds (modes only; over `start_samples` observations)
+    int64_t start_samples = 0;
     int64_t samples = 0;
   };
   void Update(Bucket& bucket, double x, double y, double z, double wait = 0, double step = 0) const;
+  // The running mean, then EWMA, of `value` over `samples` observations (this one counted).
+  void Average(double& mean, int64_t& samples, double value) const;
+  Bucket& ModeBucket(std::string_view mode, int sequences);
 
   double alpha_;
   std::vector<Bucket> steps_;                                      // index = bucket
   std::map<std::string, std::vector<Bucket>, std::less<>> modes_;  // index = bucket
+  double request_tokens_ = 0;
+  int64_t finished_ = 0;
 };
 
 }  // namespace tandem

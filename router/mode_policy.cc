@@ -30,9 +30,13 @@ ModePolicy::Estimates ModePolicy::Estimate(const std::vector<std::string>& serve
   }
   Estimates out;
   const double load = std::max(1.0, sequences);
+  double length = cost.request_tokens;
+  if (request.max_tokens > 0 && (length <= 0 || request.max_tokens < length)) {
+    length = request.max_tokens;
+  }
   for (const std::string& mode : order) {
     if (mode == "jacobi" && !request.greedy) continue;
-    if (std::optional<double> goodput = cost.Goodput(mode, load)) {
+    if (std::optional<double> goodput = cost.Goodput(mode, load, length)) {
       out.goodputs.emplace_back(mode, *goodput);
       out.supported.push_back(cost.MeasuredNear(mode, load, options_.min_samples));
     }

@@ -4,9 +4,11 @@
 // the verifier's reported cost model and load.
 //
 // Goodput estimate (CostModel::Goodput): a batch of n sequences all in mode m completes
-// n × TPF_m(n) tokens per step of StepSeconds(n × extend_m(n)) seconds. With n the same for
-// every candidate mode, the mode that maximises the batch's tokens per second also maximises
-// each request's own tokens per second (TPF / step time), so one number serves both goals; the
+// n × TPF_m(n) tokens per step of StepSeconds(n × extend_m(n)) seconds, and each request pays
+// its mode's start cost (submission to first token) once over its L completion tokens (L: the
+// request's max_tokens, or the verifier's mean completion length if shorter). With n the same
+// for every candidate mode, the mode that maximises the batch's tokens per second also
+// maximises each request's own tokens per second, so one number serves both goals; the
 // estimate assumes the verifier's other sequences run the same mode, which hysteresis makes
 // the common case.
 //
@@ -72,6 +74,10 @@ struct ModeRequestTraits {
   bool greedy = true;  // temperature 0
   // The request needs the target's AR log-probabilities (logprobs): lossless modes only.
   bool lossless_only = false;
+  // The request's max_tokens (0 = not given): its completion is at most this long, so a mode's
+  // start cost is spread over no more tokens than this (CostModel::Goodput's request length is
+  // the smaller of this and the verifier's mean).
+  int max_tokens = 0;
 };
 
 struct ModeDecision {

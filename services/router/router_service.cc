@@ -459,7 +459,8 @@ router::VerifierPool::Gain RouterService::GainOf(const v1::GenerateRequest& requ
     return nullptr;
   }
   const router::ModeRequestTraits traits{.greedy = request.sampling().temperature() <= 0,
-                                         .lossless_only = NeedsLossless(request)};
+                                         .lossless_only = NeedsLossless(request),
+                                         .max_tokens = request.max_tokens()};
   const router::ModePolicy* policy = options_.mode_policy;
   return [policy, traits](const router::VerifierInfo& info, const router::VerifierLoad* load,
                           double streams) -> std::optional<double> {
@@ -497,7 +498,8 @@ void RouterService::ChooseMode(size_t verifier, v1::VerifyRequest* upstream) {
       pool_->address(verifier), info ? info->modes : std::vector<std::string>(),
       load != nullptr ? load->cost : empty, sequences,
       router::ModeRequestTraits{.greedy = request.sampling().temperature() <= 0,
-                                .lossless_only = NeedsLossless(request)},
+                                .lossless_only = NeedsLossless(request),
+                                .max_tokens = request.max_tokens()},
       info ? info->default_mode : std::string());
   // "auto" stays "auto" (no data and a verifier that names no default): its default runs it.
   if (decision.mode != "auto") request.set_mode(decision.mode);

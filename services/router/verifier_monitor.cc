@@ -30,6 +30,7 @@ router::VerifierLoad ToVerifierLoad(const v1::WorkerLoad& load) {
   router::VerifierLoad out;
   out.running = load.running_sequences();
   out.queued = load.queued_sequences();
+  out.cost.request_tokens = load.request_tokens();
   for (const v1::StepTime& point : load.step_times()) {
     out.cost.step_times.push_back(StepTimePoint{.batch_tokens = point.batch_tokens(),
                                                 .step_seconds = point.step_seconds(),
@@ -43,6 +44,7 @@ router::VerifierLoad ToVerifierLoad(const v1::WorkerLoad& load) {
                                      .extend_tokens = point.extend_tokens(),
                                      .wait_seconds = point.wait_seconds(),
                                      .step_seconds = point.step_seconds(),
+                                     .start_seconds = point.start_seconds(),
                                      .samples = point.samples()});
     }
   }

@@ -547,6 +547,7 @@ grpc::ServerUnaryReactor* VerifierService::GetLoad(grpc::CallbackServerContext* 
   reply->set_draining(load.draining);
   reply->set_stalled_seconds(load.stalled_seconds);
   reply->set_stalled(StalledPast(load, watchdog_));
+  reply->set_request_tokens(load.cost.request_tokens);
   for (const StepTimePoint& point : load.cost.step_times) {
     v1::StepTime* out = reply->add_step_times();
     out->set_batch_tokens(point.batch_tokens);
@@ -563,6 +564,7 @@ grpc::ServerUnaryReactor* VerifierService::GetLoad(grpc::CallbackServerContext* 
       out->set_extend_tokens(point.extend_tokens);
       out->set_wait_seconds(point.wait_seconds);
       out->set_step_seconds(point.step_seconds);
+      out->set_start_seconds(point.start_seconds);
       out->set_samples(point.samples);
     }
   }

@@ -85,6 +85,40 @@ TEST(CostModelTest, AModesOwnStepTimeAndWaitDecideItsGoodput) {
   EXPECT_NEAR(point.tokens_per_step, 2, 1e-12);
 }
 
+TEST(CostModelTest, AStartCostIsSpreadOverTheRequestsLength) {
+  CostModel cost = Curve();
+  for (double n : {1.0, 4.0}) {
+    cost.modes["ar"].push_back(ModeLoadPoint{.sequences = n,
+                                             .tokens_per_step = 1,
+                                             .extend_tokens = 1,
+                                             .step_seconds = 0.010,
+                                             .start_seconds = n == 1 ? 0.020 : 0,
+                                             .samples = 100});
+  }
+  // No length yet: the steady rate, 1 token per 10 ms.
+  EXPECT_NEAR(*cost.Goodput("ar", 1), 100, 1e-9);
+  // 20 tokens of 10 ms after a 20 ms start: 20 / 0.22 s.
+  EXPECT_NEAR(*cost.Goodput("ar", 1, 20), 20 / 0.220, 1e-9);
+  cost.request_tokens = 20;
+  EXPECT_NEAR(*cost.Goodput("ar", 1), 20 / 0.220, 1e-9);
+  EXPECT_NEAR(*cost.Goodput("ar", 1, 80), 80 / 0.820, 1e-9);  // the caller's length wins
+  // A start measured at one load only is held between points, not blended with a 0.
+  EXPECT_NEAR(cost.ModeAt("ar", 2)->start_seconds, 0.020, 1e-12);
+  EXPECT_NEAR(*cost.Goodput("ar", 2), 2 * 20 / 0.220, 1e-9);
+
+  CostModelBuilder builder;
+  builder.ObserveSequenceStep("ar", 1, 1, 1);
+  builder.ObserveStart("ar", 1, 0.010);
+  builder.ObserveStart("ar", 1, 0.030);
+  builder.ObserveStart("ar", 1, -1);  // ignored
+  builder.ObserveFinished(10);
+  builder.ObserveFinished(30);
+  builder.ObserveFinished(0);  // ignored
+  const CostModel built = builder.Snapshot();
+  EXPECT_NEAR(built.modes.at("ar").front().start_seconds, 0.020, 1e-12);
+  EXPECT_NEAR(built.request_tokens, 20, 1e-12);
+}
+
 TEST(CostModelTest, BuilderBucketsByPowerOfTwo) {
   CostModelBuilder builder;
   builder.ObserveStep(1, 0.010);
@@ -270,6 +304,32 @@ TEST(ModePolicyTest, AModeMeasuredNearTheLoadBeatsAnExtrapolatedOne) {
 // Under the default options a mode 6 % better than the current one takes over once the confirm
 // count and time have passed: a margin of 10 % kept auto at 0.94 of the best mode for good,
 // below the 0.95 that `tandem bench serve` asks of it.
+TEST(ModePolicyTest, AStartCostDecidesBetweenModesWhosePerTokenRatesAreClose) {
+  // spec decodes 3 % faster per token than ar, but its requests start 2 ms later (its drafter
+  // takes the prompt on the same cores): over 64-token requests ar is ahead by more than the
+  // margin; over 4096-token ones spec is.
+  CostModel cost = Curve();
+  auto add = [&](const std::string& mode, double step, double start) {
+    cost.modes[mode].push_back(ModeLoadPoint{.sequences = 1,
+                                             .tokens_per_step = 1,
+                                             .extend_tokens = 1,
+                                             .step_seconds = step,
+                                             .start_seconds = start,
+                                             .samples = 100});
+  };
+  add("ar", 0.000440, 0.0015);
+  add("spec", 0.000427, 0.0035);
+  const std::vector<std::string> served = {"ar", "spec"};
+  ModePolicy policy;
+  EXPECT_EQ(policy.Decide("v", served, cost, 1, {.max_tokens = 64}, "").mode, "ar");
+  ModePolicy fresh;
+  EXPECT_EQ(fresh.Decide("v", served, cost, 1, {.max_tokens = 4096}, "").mode, "spec");
+  // The verifier's mean length caps the request's max_tokens.
+  cost.request_tokens = 64;
+  ModePolicy capped;
+  EXPECT_EQ(capped.Decide("v", served, cost, 1, {.max_tokens = 4096}, "").mode, "ar");
+}
+
 TEST(ModePolicyTest, DefaultMarginLetsAModeSixPercentBetterTakeOver) {
   ModePolicy policy;
   const ModePolicyOptions& options = policy.options();

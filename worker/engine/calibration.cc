@@ -82,6 +82,7 @@ absl::StatusOr<CalibrationResult> Calibrate(Engine& engine, const CalibrationOpt
         request.sampling.temperature = 0;
         request.sampling.seed = static_cast<uint64_t>(i);
         request.deadline = end;
+        request.synthetic = true;
         absl::StatusOr<uint64_t> id =
             engine.Submit(std::move(request), std::make_shared<RoundSink>(state));
         if (!id.ok()) {

@@ -517,6 +517,11 @@ std::optional<SequenceObservation> Engine::Impl::ConsumeModeStep(Planned& p, Ext
                                    .gained = static_cast<int>(result->append.size()),
                                    .extend = static_cast<int>(p.plan.tokens.size()),
                                    .wait = wait};
+  } else if (s.usage.ttft_seconds == 0) {
+    // The request's first token comes from this step (a preempted sequence rebuilding its KV
+    // has had its first token already).
+    observed = SequenceObservation{.mode = s.mode_name,
+                                   .start = std::max(1e-9, Seconds(step_start - s.submitted))};
   }
   s.decoding = true;
   if (result->drafted > 0) {
@@ -650,6 +655,10 @@ void Engine::Impl::Finish(const SeqPtr& seq, FinishReason reason, absl::Status e
   s.usage.prompt_tokens = s.prompt_len;
   s.usage.completion_tokens = s.generated;
   s.usage.total_seconds = Seconds(absl::Now() - s.submitted);
+  if (error.ok() && (reason == FinishReason::kStop || reason == FinishReason::kLength) &&
+      !s.synthetic) {
+    cost_builder_.ObserveFinished(s.generated);
+  }
   event.usage = s.usage;
   std::shared_ptr<SequenceSink> sink = s.sink;
   live_.erase(s.id);

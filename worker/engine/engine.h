@@ -105,6 +105,9 @@ struct SequenceRequest {
   std::optional<GrammarSpec> grammar;
   std::string drafter;  // drafter address for `spec`; "" = the engine's default
   absl::Time deadline = absl::InfiniteFuture();
+  // Calibration traffic: its steps and starts are measured like any request's, but its
+  // lengths do not stand for the requests the verifier serves (CostModel::request_tokens).
+  bool synthetic = false;
 };
 
 struct SequenceUsage {

@@ -63,6 +63,7 @@ struct EngineSequence {
   bool migrated = false;
 
   absl::Time submitted;
+  bool synthetic = false;  // SequenceRequest::synthetic
   absl::Time deadline = absl::InfiniteFuture();
   bool scheduled_once = false;
   bool cancel_requested = false;

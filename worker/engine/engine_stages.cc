@@ -109,6 +109,10 @@ void ObserveSequenceSteps(CostModelBuilder& cost,
   for (const SequenceObservation& o : observed) {
     auto it = residents.find(o.mode);
     const int load = it != residents.end() ? it->second : 1;
+    if (o.start > 0) {
+      cost.ObserveStart(o.mode, load, o.start + step_seconds);
+      continue;
+    }
     cost.ObserveSequenceStep(o.mode, load, o.gained, o.extend, o.wait,
                              one_mode ? step_seconds : 0.0);
   }

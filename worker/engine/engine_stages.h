@@ -80,12 +80,17 @@ struct SequenceObservation {
   int gained = 0;   // completion tokens gained
   int extend = 0;   // tokens the sequence put into the step
   double wait = 0;  // seconds since the sequence's previous step ended
+  // > 0: the step that took the last of the request's prompt, this many seconds after its
+  // submission when the step started; a start, not a decode step (gained, extend and wait are
+  // not the mode's).
+  double start = 0;
 };
 
 // Feeds the step's sequence observations to `cost`. A mode's load is its resident sequences
 // when the step started (`residents`, by mode), in the step or not: a spec sequence sitting a
 // step out still loads its drafter. The step's time is a mode's own only when every resident
-// sequence runs that one mode; otherwise it belongs to the mix and is not passed.
+// sequence runs that one mode; otherwise it belongs to the mix and is not passed. A start
+// observation ends at the step's end: its start plus `step_seconds`.
 void ObserveSequenceSteps(CostModelBuilder& cost,
                           const std::map<std::string, int, std::less<>>& residents,
                           std::span<const SequenceObservation> observed, double step_seconds);

@@ -148,6 +148,7 @@ absl::StatusOr<std::shared_ptr<EngineSequence>> Engine::Impl::BuildSequence(
                                                    request.max_tokens));
   }
   seq->max_new = std::min(request.max_tokens - committed, context_ - used);
+  seq->synthetic = request.synthetic;
   seq->migrated = committed > 0;
   return seq;
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 
@@ -69,15 +70,19 @@ class ScriptedVerifier final : public v1::Verifier::CallbackService {
         point->set_tokens_per_step(tpf);
         point->set_extend_tokens(extend);
         point->set_samples(10);
+        // spec's first token comes 100 ms after submission, ar's after 1 ms.
+        if (report_starts) point->set_start_seconds(std::string_view(mode) == "spec" ? 0.1 : 0.001);
       }
+      if (report_starts) reply->set_request_tokens(64);
     }
     auto* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
 
-  std::atomic<bool> report_costs{false};  // GetLoad carries a cost model
-  std::atomic<bool> stalled{false};       // GetLoad reports a stalled engine
+  std::atomic<bool> report_costs{false};   // GetLoad carries a cost model
+  std::atomic<bool> report_starts{false};  // ... with each mode's start cost
+  std::atomic<bool> stalled{false};        // GetLoad reports a stalled engine
 
   v1::VerifyRequest last_request() {
     absl::MutexLock lock(&mu_);
@@ -354,6 +359,22 @@ TEST_F(RouterServiceTest, AutoRequestsGoInThePolicysModeAndPinnedOnesInTheirs) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find(R"(tandem_mode_goodput_tokens_per_second{service="router",mode="ar"} 90.9)"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(RouterServiceTest, AutoRequestsPayEachModesStartOverTheirOwnLength) {
+  verifier_.report_costs = true;
+  verifier_.report_starts = true;
+  router::ModePolicy policy;
+  ServiceMetrics metrics(MetricsRole::kRouter);
+  StartRouter(8, &policy, &metrics);
+  // 2 tokens (the request's max_tokens, under the verifier's mean of 64): spec's 100 ms start
+  // outweighs its faster steps; ar makes 2 tokens in 1 + 2 × 11 ms.
+  ASSERT_TRUE(Finish(*client_, Request("hello", 2)).ok());
+  EXPECT_EQ(verifier_.last_request().request().mode(), "ar");
+  const std::string text = metrics.TextFormat();
+  EXPECT_NE(text.find(R"(tandem_mode_goodput_tokens_per_second{service="router",mode="ar"} 86.9)"),
             std::string::npos)
       << text;
 }

@@ -47,6 +47,19 @@ class EngineCostTest : public testing::BundledModelTest {
   }
 };
 
+// The engine's published cost model once its mean request length is `request_tokens`, or
+// after 10 s: a sink hears its sequence end inside a step, and the engine publishes its load
+// after the step.
+CostModel PublishedWith(const Engine& engine, double request_tokens) {
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  CostModel cost = engine.Load().cost;
+  while (cost.request_tokens != request_tokens && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+    cost = engine.Load().cost;
+  }
+  return cost;
+}
+
 TEST_F(EngineCostTest, CalibrationMeasuresEveryLosslessMode) {
   // Fixed γ: whether the engine would draft at all depends on the measured (noisy) curve.
   auto engine = MakeEngine(/*drafter=*/true, /*adaptive_gamma=*/false);
@@ -78,6 +91,40 @@ TEST_F(EngineCostTest, CalibrationMeasuresEveryLosslessMode) {
   }
   // The target drafting for itself: every draft is accepted, so spec gains more than one.
   EXPECT_GT(cost.modes.at("spec").front().tokens_per_step, 1.0);
+  // Every mode's first requests measured their start; calibration's lengths are not served
+  // traffic's, so they leave the request length unknown.
+  for (const std::string& mode : AutoModes()) {
+    EXPECT_GT(cost.modes.at(mode).front().start_seconds, 0) << mode;
+  }
+  EXPECT_EQ(cost.request_tokens, 0);
+}
+
+TEST_F(EngineCostTest, ARequestsStartAndLengthAreMeasured) {
+  auto engine = MakeEngine(/*drafter=*/false);
+  ASSERT_NE(engine, nullptr);
+  double longest = 0;  // the longest request's submission to its end
+  for (int max_tokens : {6, 10}) {
+    auto sink = std::make_shared<Sink>();
+    SequenceRequest request;
+    request.prompt_ids = (*prompts_)[0];
+    request.mode = "ar";
+    request.max_tokens = max_tokens;
+    request.ignore_eos = true;
+    const absl::Time before = absl::Now();
+    ASSERT_TRUE(engine->Submit(request, sink).ok());
+    ASSERT_TRUE(sink->Wait());
+    ASSERT_TRUE(sink->error().ok()) << sink->error();
+    longest = std::max(longest, absl::ToDoubleSeconds(absl::Now() - before));
+    // The running mean of the lengths: 6, then (6 + 10) / 2.
+    const CostModel cost = PublishedWith(*engine, max_tokens == 6 ? 6.0 : 8.0);
+    ASSERT_TRUE(cost.modes.count("ar"));
+    const ModeLoadPoint& point = cost.modes.at("ar").front();
+    // Submission to first token, averaged over the requests so far: more than nothing, less
+    // than the longest whole request.
+    EXPECT_GT(point.start_seconds, 0);
+    EXPECT_LT(point.start_seconds, longest);
+  }
+  EXPECT_DOUBLE_EQ(engine->Load().cost.request_tokens, 8.0);
 }
 
 TEST_F(EngineCostTest, CalibrationSkipsModesTheEngineRefusesAndKeepsItsBudget) {
