@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
+#include <utility>
 
 namespace tandem {
 
@@ -116,24 +118,26 @@ bool CostModel::MeasuredNear(std::string_view mode, double sequences, int64_t mi
   });
 }
 
-void CostModelBuilder::Average(double& mean, int64_t& samples, double value) const {
-  ++samples;
-  // A running mean until the EWMA's horizon is filled, so early samples weigh equally.
-  const double w = std::max(alpha_, 1.0 / static_cast<double>(samples));
-  mean += w * (value - mean);
+CostModelBuilder::CostModelBuilder(double tau_seconds, std::function<double()> clock)
+    : tau_(tau_seconds), clock_(std::move(clock)) {
+  if (!clock_) {
+    clock_ = [] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+  }
 }
 
-void CostModelBuilder::Update(Bucket& bucket, double x, double y, double z, double wait,
-                              double step) const {
-  ++bucket.samples;
-  // A running mean until the EWMA's horizon is filled, so early samples weigh equally.
-  const double w = std::max(alpha_, 1.0 / static_cast<double>(bucket.samples));
-  bucket.x += w * (x - bucket.x);
-  bucket.y += w * (y - bucket.y);
-  bucket.z += w * (z - bucket.z);
-  bucket.w += w * (wait - bucket.w);
-  // Step times come only from some sequence-steps (see ObserveSequenceStep): their own mean.
-  if (step > 0) Average(bucket.s, bucket.step_samples, step);
+void CostModelBuilder::Add(Mean& mean, double value, double now) const {
+  ++mean.samples;
+  double past = mean.weight;
+  // Past kKeep observations' worth, the past fades with its age, down to kKeep of them.
+  if (past > kKeep && tau_ > 0) {
+    past = std::max(kKeep, past * std::exp(-std::max(0.0, now - mean.last) / tau_));
+  }
+  mean.value += (value - mean.value) / (past + 1);
+  mean.weight = past + 1;
+  mean.last = now;
 }
 
 CostModelBuilder::Bucket& CostModelBuilder::ModeBucket(std::string_view mode, int sequences) {
@@ -148,7 +152,9 @@ void CostModelBuilder::ObserveStep(int batch_tokens, double seconds) {
   if (batch_tokens <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
   const size_t k = BucketOf(batch_tokens);
   if (steps_.size() <= k) steps_.resize(k + 1);
-  Update(steps_[k], batch_tokens, seconds, 0);
+  const double now = clock_();
+  Add(steps_[k].x, batch_tokens, now);
+  Add(steps_[k].y, seconds, now);
 }
 
 void CostModelBuilder::ObserveSequenceStep(std::string_view mode, int sequences, int gained,
@@ -157,39 +163,45 @@ void CostModelBuilder::ObserveSequenceStep(std::string_view mode, int sequences,
   if (sequences <= 0 || gained < 0 || extend_tokens <= 0) return;
   if (!(wait_seconds >= 0) || !std::isfinite(wait_seconds)) wait_seconds = 0;
   if (!(step_seconds >= 0) || !std::isfinite(step_seconds)) step_seconds = 0;
-  Update(ModeBucket(mode, sequences), sequences, gained, extend_tokens, wait_seconds, step_seconds);
+  Bucket& bucket = ModeBucket(mode, sequences);
+  const double now = clock_();
+  Add(bucket.x, sequences, now);
+  Add(bucket.y, gained, now);
+  Add(bucket.z, extend_tokens, now);
+  Add(bucket.wait, wait_seconds, now);
+  // Step times come only from some sequence-steps (see above): their own mean.
+  if (step_seconds > 0) Add(bucket.step, step_seconds, now);
 }
 
 void CostModelBuilder::ObserveStart(std::string_view mode, int sequences, double seconds) {
   if (sequences <= 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
-  Bucket& bucket = ModeBucket(mode, sequences);
-  Average(bucket.start, bucket.start_samples, seconds);
+  Add(ModeBucket(mode, sequences).start, seconds, clock_());
 }
 
 void CostModelBuilder::ObserveFinished(int completion_tokens) {
   if (completion_tokens <= 0) return;
-  Average(request_tokens_, finished_, completion_tokens);
+  Add(request_tokens_, completion_tokens, clock_());
 }
 
 CostModel CostModelBuilder::Snapshot() const {
   CostModel model;
-  model.request_tokens = request_tokens_;
+  model.request_tokens = request_tokens_.value;
   for (const Bucket& b : steps_) {
-    if (b.samples == 0) continue;
-    model.step_times.push_back(
-        StepTimePoint{.batch_tokens = b.x, .step_seconds = b.y, .samples = b.samples});
+    if (b.y.samples == 0) continue;
+    model.step_times.push_back(StepTimePoint{
+        .batch_tokens = b.x.value, .step_seconds = b.y.value, .samples = b.y.samples});
   }
   for (const auto& [mode, buckets] : modes_) {
     std::vector<ModeLoadPoint>& points = model.modes[mode];
     for (const Bucket& b : buckets) {
-      if (b.samples == 0) continue;
-      points.push_back(ModeLoadPoint{.sequences = b.x,
-                                     .tokens_per_step = b.y,
-                                     .extend_tokens = b.z,
-                                     .wait_seconds = b.w,
-                                     .step_seconds = b.s,
-                                     .start_seconds = b.start,
-                                     .samples = b.samples});
+      if (b.y.samples == 0) continue;
+      points.push_back(ModeLoadPoint{.sequences = b.x.value,
+                                     .tokens_per_step = b.y.value,
+                                     .extend_tokens = b.z.value,
+                                     .wait_seconds = b.wait.value,
+                                     .step_seconds = b.step.value,
+                                     .start_seconds = b.start.value,
+                                     .samples = b.y.samples});
     }
   }
   return model;

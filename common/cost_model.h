@@ -97,18 +97,27 @@ struct CostModel {
 };
 
 // Accumulates a CostModel from observations: per power-of-two bucket, a running mean over the
-// first 1/alpha samples, then an exponentially weighted mean (weight `alpha` on the newest), so
-// the model follows the machine as it warms up or gets busier without forgetting a bucket that
-// is seldom visited.
+// first kKeep observations, then a mean that forgets with time (a weight decaying as
+// exp(-age / tau) per observation) but always keeps at least kKeep observations' worth of
+// its past, so the model follows the machine as it warms up or gets busier, a bucket in use
+// averages over its last tau seconds whatever the step rate, and a bucket seldom visited is
+// not replaced by its next observation.
 //
-// Why alpha = 0.02 (a memory of about 100 observations): one sequence-step's tokens vary from 1
-// to γ + 1 with the text, so at 0.1 (about 20) a speculative mode's estimated goodput wandered
-// by 10-30 % from report to report at a fixed load, more than the policy's margin, and auto
-// switched between ar and spec at C = 1 where ar was 30 % ahead. A hundred sequence-steps are
-// still about one second of traffic at one sequence and much less at many.
+// Why time and not a count: one sequence-step's tokens vary from 1 to γ + 1 with the text, and
+// a step's time with what else shared it (a prefill, the drafter's work, the host), so an
+// estimate needs many of them. A fixed count of about 100 (a weight of 0.02 on the newest) was
+// about a second of traffic when a step took 10 ms, but 40 ms of it on the bundled models'
+// 0.4 ms steps: there `ar`'s estimated goodput at C = 2 swung by ±15 % from one load report to
+// the next while its throughput held steady, and auto left `ar` for `spec`, 20 % slower, on
+// such a swing. tau = 2 s matches the policy's confirm time: an estimate is the average over
+// about the span a switch must last.
+//
+// Thread-safety: one thread (the engine's).
 class CostModelBuilder {
  public:
-  explicit CostModelBuilder(double alpha = 0.02) : alpha_(alpha) {}
+  static constexpr double kKeep = 50;  // observations a mean never forgets
+  // `clock`: seconds on a steady clock (tests pass their own); default: the process's.
+  explicit CostModelBuilder(double tau_seconds = 2.0, std::function<double()> clock = nullptr);
 
   // One batched step of `batch_tokens` > 0 tokens that took `seconds`.
   void ObserveStep(int batch_tokens, double seconds);
@@ -129,27 +138,29 @@ class CostModelBuilder {
   CostModel Snapshot() const;
 
  private:
-  struct Bucket {
-    double x = 0;  // batch tokens or sequences
-    double y = 0;  // step seconds or tokens per step
-    double z = 0;  // extend tokens (modes only)
-    double w = 0;  // wait seconds (modes only)
-    double s = 0;  // step seconds (modes only; over `step_samples` observations)
-    int64_t step_samples = 0;
-    double start = 0;  // start seconds (modes only; over `start_samples` observations)
-    int64_t start_samples = 0;
+  // A mean over observations weighted by their age (see the class comment).
+  struct Mean {
+    double value = 0;
+    double weight = 0;  // observations' worth of past it holds
+    double last = 0;    // clock of the newest observation
     int64_t samples = 0;
   };
-  void Update(Bucket& bucket, double x, double y, double z, double wait = 0, double step = 0) const;
-  // The running mean, then EWMA, of `value` over `samples` observations (this one counted).
-  void Average(double& mean, int64_t& samples, double value) const;
+  struct Bucket {
+    Mean x;      // batch tokens or sequences
+    Mean y;      // step seconds or tokens per step
+    Mean z;      // extend tokens (modes only)
+    Mean wait;   // wait seconds (modes only)
+    Mean step;   // the mode's own step seconds (modes only; some sequence-steps)
+    Mean start;  // start seconds (modes only; a request's first token)
+  };
+  void Add(Mean& mean, double value, double now) const;
   Bucket& ModeBucket(std::string_view mode, int sequences);
 
-  double alpha_;
+  double tau_;
+  std::function<double()> clock_;
   std::vector<Bucket> steps_;                                      // index = bucket
   std::map<std::string, std::vector<Bucket>, std::less<>> modes_;  // index = bucket
-  double request_tokens_ = 0;
-  int64_t finished_ = 0;
+  Mean request_tokens_;
 };
 
 }  // namespace tandem

@@ -3,6 +3,7 @@
 // (lossless only, jacobi only greedy), and hysteresis (margin and consecutive wins).
 #include "router/mode_policy.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,26 @@ TEST(CostModelTest, AStartCostIsSpreadOverTheRequestsLength) {
   const CostModel built = builder.Snapshot();
   EXPECT_NEAR(built.modes.at("ar").front().start_seconds, 0.020, 1e-12);
   EXPECT_NEAR(built.request_tokens, 20, 1e-12);
+}
+
+TEST(CostModelTest, BuilderAveragesOverTimeAndKeepsASeldomVisitedBucketsPast) {
+  double now = 0;
+  CostModelBuilder builder(/*tau_seconds=*/2.0, [&now] { return now; });
+  // A bucket in use: 1 ms steps for 10 s, then 3 ms steps for 1 s, a thousand steps a second.
+  // Its mean follows time: 1 + 2 × (1 - exp(-1 / 2)), not the last thousand steps' 3 ms.
+  for (int i = 0; i < 11000; ++i) {
+    now = i * 0.001;
+    builder.ObserveStep(1, i < 10000 ? 0.001 : 0.003);
+  }
+  EXPECT_NEAR(builder.Snapshot().step_times[0].step_seconds, 0.001 + 0.002 * (1 - std::exp(-0.5)),
+              2e-5);
+  // A bucket seldom visited: a hundred steps, then one a minute later, which weighs as one
+  // observation against the kKeep it keeps of its past.
+  for (int i = 0; i < 100; ++i) builder.ObserveStep(64, 0.010);
+  now += 60;
+  builder.ObserveStep(64, 0.061);
+  EXPECT_NEAR(builder.Snapshot().step_times[1].step_seconds,
+              0.010 + 0.051 / (CostModelBuilder::kKeep + 1), 1e-12);
 }
 
 TEST(CostModelTest, BuilderBucketsByPowerOfTwo) {
