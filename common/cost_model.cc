@@ -54,10 +54,11 @@ std::optional<double> CostModel::MarginalSeconds(double batch_tokens) const {
   return std::max(0.0, (p[i].step_seconds - p[i - 1].step_seconds) / span);
 }
 
-std::optional<ModeLoadPoint> CostModel::ModeAt(std::string_view mode, double sequences) const {
-  auto it = modes.find(mode);
-  if (it == modes.end() || it->second.empty()) return std::nullopt;
-  const std::vector<ModeLoadPoint>& p = it->second;
+namespace {
+
+// The mode's point at `sequences` from its points p (non-empty, by sequences ascending), start
+// cost aside: interpolated between neighbours, held beyond the ends.
+ModeLoadPoint Interpolate(const std::vector<ModeLoadPoint>& p, double sequences) {
   if (sequences <= p.front().sequences) return p.front();
   if (sequences >= p.back().sequences) return p.back();
   for (size_t i = 1; i < p.size(); ++i) {
@@ -65,23 +66,44 @@ std::optional<ModeLoadPoint> CostModel::ModeAt(std::string_view mode, double seq
       const double span = p[i].sequences - p[i - 1].sequences;
       if (span <= 0) return p[i];
       const double f = (sequences - p[i - 1].sequences) / span;
+      auto mix = [f](double a, double b) { return a + f * (b - a); };
       ModeLoadPoint out;
       out.sequences = sequences;
-      out.tokens_per_step =
-          p[i - 1].tokens_per_step + f * (p[i].tokens_per_step - p[i - 1].tokens_per_step);
-      out.extend_tokens =
-          p[i - 1].extend_tokens + f * (p[i].extend_tokens - p[i - 1].extend_tokens);
-      out.wait_seconds = p[i - 1].wait_seconds + f * (p[i].wait_seconds - p[i - 1].wait_seconds);
-      out.step_seconds = p[i - 1].step_seconds + f * (p[i].step_seconds - p[i - 1].step_seconds);
-      // A start cost measured on one side only is held, not blended with the other's 0.
+      out.tokens_per_step = mix(p[i - 1].tokens_per_step, p[i].tokens_per_step);
+      out.extend_tokens = mix(p[i - 1].extend_tokens, p[i].extend_tokens);
+      out.wait_seconds = mix(p[i - 1].wait_seconds, p[i].wait_seconds);
+      out.step_seconds = mix(p[i - 1].step_seconds, p[i].step_seconds);
       const double a = p[i - 1].start_seconds;
       const double b = p[i].start_seconds;
-      out.start_seconds = a > 0 && b > 0 ? a + f * (b - a) : std::max(a, b);
+      out.start_seconds = a > 0 && b > 0 ? mix(a, b) : std::max(a, b);
       out.samples = std::min(p[i - 1].samples, p[i].samples);
       return out;
     }
   }
   return p.back();
+}
+
+}  // namespace
+
+std::optional<ModeLoadPoint> CostModel::ModeAt(std::string_view mode, double sequences) const {
+  auto it = modes.find(mode);
+  if (it == modes.end() || it->second.empty()) return std::nullopt;
+  const std::vector<ModeLoadPoint>& p = it->second;
+  ModeLoadPoint out = Interpolate(p, sequences);
+  // A start measured on one side only is held, not blended with the other's 0; where neither
+  // side saw a request start (its requests started at other loads), the nearest load's start.
+  if (out.start_seconds <= 0) {
+    double nearest = -1;
+    for (const ModeLoadPoint& point : p) {
+      if (point.start_seconds <= 0) continue;
+      const double distance = std::abs(point.sequences - sequences);
+      if (nearest < 0 || distance < nearest) {
+        nearest = distance;
+        out.start_seconds = point.start_seconds;
+      }
+    }
+  }
+  return out;
 }
 
 std::optional<double> CostModel::Goodput(std::string_view mode, double sequences,

@@ -78,7 +78,8 @@ struct CostModel {
   // nullopt with fewer than two points.
   std::optional<double> MarginalSeconds(double batch_tokens) const;
   // The mode's TPF and extend tokens at `sequences`, interpolated linearly between its points
-  // and held constant beyond them. nullopt when the mode has no point.
+  // and held constant beyond them; its start cost likewise, from the points that measured one
+  // (the nearest of them where neither neighbour did). nullopt when the mode has no point.
   std::optional<ModeLoadPoint> ModeAt(std::string_view mode, double sequences) const;
   // Completion tokens per second of `sequences` sequences all decoding in `mode`, each serving
   // requests of L completion tokens one after another: sequences × L / (start + L × per token),

@@ -103,9 +103,11 @@ TEST(CostModelTest, AStartCostIsSpreadOverTheRequestsLength) {
   cost.request_tokens = 20;
   EXPECT_NEAR(*cost.Goodput("ar", 1), 20 / 0.220, 1e-9);
   EXPECT_NEAR(*cost.Goodput("ar", 1, 80), 80 / 0.820, 1e-9);  // the caller's length wins
-  // A start measured at one load only is held between points, not blended with a 0.
+  // A start measured at one load only is held between points, not blended with a 0, and beyond
+  // the points that measured none.
   EXPECT_NEAR(cost.ModeAt("ar", 2)->start_seconds, 0.020, 1e-12);
   EXPECT_NEAR(*cost.Goodput("ar", 2), 2 * 20 / 0.220, 1e-9);
+  EXPECT_NEAR(cost.ModeAt("ar", 16)->start_seconds, 0.020, 1e-12);
 
   CostModelBuilder builder;
   builder.ObserveSequenceStep("ar", 1, 1, 1);
