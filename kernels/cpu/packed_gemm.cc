@@ -1,5 +1,7 @@
 #include "kernels/cpu/packed_gemm.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -103,7 +105,7 @@ constexpr bool Prefetches(int m) {
 // The steps of k in [i0, i1) of NP panels (ps floats apart, from pw) against G input rows (x, rows
 // ldx apart): acc_mem[j * NP * V + v] holds row j's partial sums for the panels' V-vector columns
 // (started from zero when `first`). Every sum is one multiply-add chain over k in order.
-template <int W, int NP, int G, typename T>
+template <int W, int NP, int G, bool PX, typename T>
 inline __attribute__((always_inline)) void Steps(const T* __restrict pw, size_t ps,
                                                  const float* __restrict x, size_t ldx, int i0,
                                                  int i1, bool first, bool prefetch,
@@ -134,7 +136,7 @@ inline __attribute__((always_inline)) void Steps(const T* __restrict pw, size_t 
     }
 #pragma GCC unroll 16
     for (int j = 0; j < G; ++j) {
-      const float xs = x[j * ldx + i];
+      const float xs = PX ? x[i * ldx + j] : x[j * ldx + i];
 #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) acc[j][v] += wv[v] * xs;
     }
@@ -147,23 +149,24 @@ inline __attribute__((always_inline)) void Steps(const T* __restrict pw, size_t 
 }
 
 // Steps for a group of g input rows (1 <= g <= G).
-template <int W, int NP, int G, typename T>
+template <int W, int NP, int G, bool PX, typename T>
 inline __attribute__((always_inline)) void GroupSteps(int g, const T* pw, size_t ps, const float* x,
                                                       size_t ldx, int i0, int i1, bool first,
                                                       bool prefetch,
                                                       typename VecOf<W>::type* acc_mem) {
   if constexpr (G > 1) {
     if (g < G) {
-      return GroupSteps<W, NP, G - 1, T>(g, pw, ps, x, ldx, i0, i1, first, prefetch, acc_mem);
+      return GroupSteps<W, NP, G - 1, PX, T>(g, pw, ps, x, ldx, i0, i1, first, prefetch, acc_mem);
     }
   }
-  Steps<W, NP, G, T>(pw, ps, x, ldx, i0, i1, first, prefetch, acc_mem);
+  Steps<W, NP, G, PX, T>(pw, ps, x, ldx, i0, i1, first, prefetch, acc_mem);
 }
 
 // Panels p0 .. p0 + NP - 1 against every input row, then their outputs written (the rows of the
 // product's range only).
 template <int W, int NP, int G, typename T>
-inline __attribute__((always_inline)) void Tile(const PackedProduct& p, int row_end, int p0) {
+inline __attribute__((always_inline)) void Tile(const PackedProduct& p, const float* xp,
+                                                int row_end, int p0) {
   using Vec = typename VecOf<W>::type;
   constexpr int V = NP * kPanelRows / W;
   Vec acc[kPackedMaxM * V];
@@ -196,23 +199,48 @@ inline __attribute__((always_inline)) void Tile(const PackedProduct& p, int row_
           }
         }
         for (int j0 = 0; j0 < p.m; j0 += G) {
-          GroupSteps<W, NP, G, float>(std::min(G, p.m - j0), wide,
-                                      static_cast<size_t>(len) * kPanelRows, p.x + j0 * ldx + i0,
-                                      ldx, 0, len, i0 == 0, false, acc + j0 * V);
+          if (xp != nullptr) {
+            GroupSteps<W, NP, G, true, float>(
+                std::min(G, p.m - j0), wide, static_cast<size_t>(len) * kPanelRows,
+                xp + static_cast<size_t>(j0) * k + i0 * G, G, 0, len, i0 == 0, false, acc + j0 * V);
+          } else {
+            GroupSteps<W, NP, G, false, float>(
+                std::min(G, p.m - j0), wide, static_cast<size_t>(len) * kPanelRows,
+                p.x + j0 * ldx + i0, ldx, 0, len, i0 == 0, false, acc + j0 * V);
+          }
         }
         continue;
       }
     }
     for (int j0 = 0; j0 < p.m; j0 += G) {
-      GroupSteps<W, NP, G, T>(std::min(G, p.m - j0), pw, ps, p.x + j0 * ldx, ldx, i0, i1, i0 == 0,
-                              Prefetches<W>(p.m) && j0 == 0, acc + j0 * V);
+      if (xp != nullptr) {
+        GroupSteps<W, NP, G, true, T>(std::min(G, p.m - j0), pw, ps,
+                                      xp + static_cast<size_t>(j0) * k, G, i0, i1, i0 == 0,
+                                      Prefetches<W>(p.m) && j0 == 0, acc + j0 * V);
+      } else {
+        GroupSteps<W, NP, G, false, T>(std::min(G, p.m - j0), pw, ps, p.x + j0 * ldx, ldx, i0, i1,
+                                       i0 == 0, Prefetches<W>(p.m) && j0 == 0, acc + j0 * V);
+      }
     }
   }
   const int ldy = p.ldy > 0 ? p.ldy : row_end - p.row_begin;
+  const int first_row = p0 * kPanelRows;
+  if (first_row >= p.row_begin && first_row + V * W <= row_end) {
+    // The whole tile is in the range: its outputs a vector at a time.
+    for (int j = 0; j < p.m; ++j) {
+      float* out = p.y + static_cast<size_t>(j) * ldy - p.row_begin + first_row;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        const Vec value = acc[j * V + v] * p.alpha;
+        // beta == 0 must not read y: it may hold garbage (0 * NaN is NaN).
+        vec::Store<W>(out + v * W, p.beta == 0.0f ? value : p.beta * Load<W>(out + v * W) + value);
+      }
+    }
+    return;
+  }
   float sums[V * W];
   for (int j = 0; j < p.m; ++j) {
     std::memcpy(sums, &acc[j * V], sizeof(sums));
-    const int first_row = p0 * kPanelRows;
     const int lo = std::max(first_row, p.row_begin), hi = std::min(first_row + V * W, row_end);
     float* out = p.y + static_cast<size_t>(j) * ldy - p.row_begin;
     for (int r = lo; r < hi; ++r) {
@@ -225,64 +253,79 @@ inline __attribute__((always_inline)) void Tile(const PackedProduct& p, int row_
 
 // Panels [p0, p1) in tiles of NP (the last ones one at a time).
 template <int W, int NP, int G, typename T>
-inline __attribute__((always_inline)) void PanelsOf(const PackedProduct& p, int row_end, int p0,
-                                                    int p1) {
+inline __attribute__((always_inline)) void PanelsOf(const PackedProduct& p, const float* xp,
+                                                    int row_end, int p0, int p1) {
   int q = p0;
-  for (; q + NP <= p1; q += NP) Tile<W, NP, G, T>(p, row_end, q);
+  for (; q + NP <= p1; q += NP) Tile<W, NP, G, T>(p, xp, row_end, q);
   if constexpr (NP > 1) {
-    for (; q < p1; ++q) Tile<W, 1, G, T>(p, row_end, q);
+    for (; q < p1; ++q) Tile<W, 1, G, T>(p, xp, row_end, q);
   }
 }
 
 // Panels [p0, p1) in tiles of NP (the last ones one at a time), over the matrix's weight type.
 template <int W, int NP, int G>
-inline __attribute__((always_inline)) void Panels(const PackedProduct& p, int row_end, int p0,
-                                                  int p1) {
-  if (p.w->type() == WeightType::kBf16) return PanelsOf<W, NP, G, uint16_t>(p, row_end, p0, p1);
-  PanelsOf<W, NP, G, float>(p, row_end, p0, p1);
+inline __attribute__((always_inline)) void Panels(const PackedProduct& p, const float* xp,
+                                                  int row_end, int p0, int p1) {
+  if (p.w->type() == WeightType::kBf16) {
+    return PanelsOf<W, NP, G, uint16_t>(p, xp, row_end, p0, p1);
+  }
+  PanelsOf<W, NP, G, float>(p, xp, row_end, p0, p1);
+}
+
+// Past 8 input rows, the AVX-512 kernel reads them packed (PackRows): each step of k's 16 values
+// side by side, so a tile's broadcasts come from one pointer instead of a register per row (GCC
+// kept 12 row pointers of the 2 x 12 tile by spilling them to the stack and reloading them every
+// step). Returns the rows per packed group (0: the rows are read where they are).
+template <int W>
+constexpr int PackedGroup(int m) {
+  if constexpr (W == 16) return m > 8 ? 16 : 0;
+  return 0;
 }
 
 // The tile shapes per instruction set and input rows: enough independent chains to cover the
 // multiply-add latency, and as many accumulators as the registers hold next to the panel's
-// vectors. W = 16 (AVX-512, 32 registers): 4 panels for 1-4 rows, 2 panels x 12 rows past that
-// (3-4 rows: 1.08 -> 1.02-1.04 one-row products against 2 panels, the model's 49 matrices, two
-// runs of 15 alternated rounds).
+// vectors. W = 16 (AVX-512, 32 registers): 4 panels for 1-4 rows, 2 panels x 8 rows for 5-8,
+// then 1 panel x 16 packed rows (3-4 rows: 1.08 -> 1.02-1.04 one-row products against 2 panels,
+// the model's 49 matrices, two runs of 15 alternated rounds; 16 rows: docs/PERF.md).
 // W = 8 (AVX2, 16 registers): 4 panels x 1 row, 2 x 2, 2 x 3, then 1 x 6 (12 accumulators).
 // W = 4 (16 registers): 2 panels x 1 row, then 1 x 3.
 template <int W>
-inline __attribute__((always_inline)) void Product(const PackedProduct& p, int row_end, int p0,
-                                                   int p1) {
+inline __attribute__((always_inline)) void Product(const PackedProduct& p, const float* xp,
+                                                   int row_end, int p0, int p1) {
   if constexpr (W == 16) {
-    if (p.m <= 2)
-      return p.m == 1 ? Panels<W, 4, 1>(p, row_end, p0, p1) : Panels<W, 4, 2>(p, row_end, p0, p1);
-    if (p.m <= 4) return Panels<W, 4, 4>(p, row_end, p0, p1);
-    return Panels<W, 2, 12>(p, row_end, p0, p1);
+    if (p.m <= 2) {
+      return p.m == 1 ? Panels<W, 4, 1>(p, xp, row_end, p0, p1)
+                      : Panels<W, 4, 2>(p, xp, row_end, p0, p1);
+    }
+    if (p.m <= 4) return Panels<W, 4, 4>(p, xp, row_end, p0, p1);
+    if (p.m <= 8) return Panels<W, 2, 8>(p, xp, row_end, p0, p1);
+    return Panels<W, 1, 16>(p, xp, row_end, p0, p1);
   } else if constexpr (W == 8) {
-    if (p.m == 1) return Panels<W, 4, 1>(p, row_end, p0, p1);
-    if (p.m == 2) return Panels<W, 2, 2>(p, row_end, p0, p1);
-    if (p.m == 3) return Panels<W, 2, 3>(p, row_end, p0, p1);
-    return Panels<W, 1, 6>(p, row_end, p0, p1);
+    if (p.m == 1) return Panels<W, 4, 1>(p, xp, row_end, p0, p1);
+    if (p.m == 2) return Panels<W, 2, 2>(p, xp, row_end, p0, p1);
+    if (p.m == 3) return Panels<W, 2, 3>(p, xp, row_end, p0, p1);
+    return Panels<W, 1, 6>(p, xp, row_end, p0, p1);
   } else {
-    if (p.m == 1) return Panels<W, 2, 1>(p, row_end, p0, p1);
-    return Panels<W, 1, 3>(p, row_end, p0, p1);
+    if (p.m == 1) return Panels<W, 2, 1>(p, xp, row_end, p0, p1);
+    return Panels<W, 1, 3>(p, xp, row_end, p0, p1);
   }
 }
 
-using ProductFn = void (*)(const PackedProduct&, int, int, int);
+using ProductFn = void (*)(const PackedProduct&, const float*, int, int, int);
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TANDEM_PACKED_X86 1
 __attribute__((target("avx512f"), optimize("fp-contract=fast"))) void ProductAvx512(
-    const PackedProduct& p, int row_end, int p0, int p1) {
-  Product<16>(p, row_end, p0, p1);
+    const PackedProduct& p, const float* xp, int row_end, int p0, int p1) {
+  Product<16>(p, xp, row_end, p0, p1);
 }
 __attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void ProductAvx2(
-    const PackedProduct& p, int row_end, int p0, int p1) {
-  Product<8>(p, row_end, p0, p1);
+    const PackedProduct& p, const float* xp, int row_end, int p0, int p1) {
+  Product<8>(p, xp, row_end, p0, p1);
 }
 #endif
-void ProductPortable(const PackedProduct& p, int row_end, int p0, int p1) {
-  Product<4>(p, row_end, p0, p1);
+void ProductPortable(const PackedProduct& p, const float* xp, int row_end, int p0, int p1) {
+  Product<4>(p, xp, row_end, p0, p1);
 }
 
 ProductFn PickProduct() {
@@ -303,6 +346,30 @@ constexpr int kBlockPanels = 4;
 
 namespace {
 
+// The input-row group the kernel `fn` packs a product of m rows into (0: it reads the rows as
+// they are).
+int GroupFor(ProductFn fn, int m) {
+#ifdef TANDEM_PACKED_X86
+  if (fn == ProductAvx512) return PackedGroup<16>(m);
+  if (fn == ProductAvx2) return PackedGroup<8>(m);
+#endif
+  return PackedGroup<4>(m);
+}
+
+// Steps [k0, k1) of x's m rows (ldx apart) into `out` in groups of g rows, each group k steps of
+// g values side by side (a short last group padded).
+void PackRows(const float* x, size_t ldx, int m, int k, int g, int k0, int k1, float* out) {
+  constexpr int kStrip = 16;
+  for (int i0 = k0; i0 < k1; i0 += kStrip) {
+    const int i1 = std::min(k1, i0 + kStrip);
+    for (int j = 0; j < m; ++j) {
+      const float* row = x + j * ldx;
+      float* dst = out + static_cast<size_t>(j / g) * g * k + j % g;
+      for (int i = i0; i < i1; ++i) dst[static_cast<size_t>(i) * g] = row[i];
+    }
+  }
+}
+
 void Invoke(ProductFn fn, const PackedProduct& product) {
   const PackedMatrix& w = *product.w;
   const int row_end = product.row_end > 0 ? product.row_end : w.rows();
@@ -320,10 +387,25 @@ void Invoke(ProductFn fn, const PackedProduct& product) {
     slab.ldy = ldy;
     slab.m = std::min(kPackedMaxM, product.m - j0);
     const long work = static_cast<long>(p_end - p_begin) * kPanelRows * w.cols() * slab.m;
-#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (work > (1 << 16))
-    for (int b = 0; b < blocks; ++b) {
-      const int p0 = p_begin + b * kBlockPanels;
-      fn(slab, row_end, p0, std::min(p_end, p0 + kBlockPanels));
+    // Kernels with many input rows read them packed (GroupFor): the threads pack a share of the
+    // steps each, then every thread reads all of them.
+    const int g = GroupFor(fn, slab.m), k = w.cols();
+    thread_local std::vector<float> packed;
+    if (g > 0) packed.resize(static_cast<size_t>((slab.m + g - 1) / g) * g * k);
+    const float* xp = g > 0 ? packed.data() : nullptr;
+    float* pack_to = packed.data();
+#pragma omp parallel num_threads(CpuThreads()) if (work > (1 << 16))
+    {
+      if (g > 0) {
+        const int t = omp_get_thread_num(), n = omp_get_num_threads();
+        PackRows(slab.x, ldx, slab.m, k, g, k * t / n, k * (t + 1) / n, pack_to);
+#pragma omp barrier
+      }
+#pragma omp for schedule(static) nowait
+      for (int b = 0; b < blocks; ++b) {
+        const int p0 = p_begin + b * kBlockPanels;
+        fn(slab, xp, row_end, p0, std::min(p_end, p0 + kBlockPanels));
+      }
     }
   }
 }

@@ -4,7 +4,9 @@
 // each step of k loads a panel's 16 values once and multiplies them into register tiles of
 // (panels x input rows) with the input row's value broadcast. Against the checkpoint's row layout
 // (rows_gemm.h's dot products) it needs no lane sums, keeps more multiply-adds in flight per
-// load, and streams each panel from memory as one long run the hardware prefetcher follows.
+// load, and streams each panel from memory as one long run the hardware prefetcher follows. Many
+// input rows (past 8 on AVX-512) are first packed step-major, k steps of 16 values side by side,
+// so a tile broadcasts them from one running pointer.
 //
 // Batch invariant: every output is one chain of multiply-adds over k in order (fused where the
 // instruction set has FMA), whatever m, the tile shape or the thread split, so row j of a many-row

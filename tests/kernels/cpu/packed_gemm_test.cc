@@ -127,35 +127,48 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{64, 50, 70, true}, std::tuple{65, 40, 33, false},
                       std::tuple{150, 24, 20, true}));
 
-// A sub-range of weight rows (not panel aligned), into a wider output, scaled and accumulated.
+// A sub-range of weight rows (not panel aligned), into a wider output, scaled and accumulated,
+// from input rows further apart than their length; with few input rows, and with more than one
+// packed group of them (the last one short).
 TEST(PackedProductTest, RowRangeScalesAndAccumulates) {
-  const int m = 9, n = 70, k = 45, begin = 5, end = 53, ldy = 60;
-  std::mt19937 rng(3);
-  const std::vector<float> x = Random(static_cast<size_t>(m) * k, rng);
-  const std::vector<float> w = Random(static_cast<size_t>(n) * k, rng);
-  const PackedMatrix packed = PackedMatrix::Pack(w.data(), n, k);
-  std::vector<float> y = Random(static_cast<size_t>(m) * ldy, rng);
-  const std::vector<float> before = y;
-  InvokePacked({.x = x.data(),
-                .m = m,
-                .w = &packed,
-                .row_begin = begin,
-                .row_end = end,
-                .y = y.data(),
-                .ldy = ldy,
-                .alpha = -0.5f,
-                .beta = 2.0f});
-  const std::vector<double> product = Reference(x, w, nullptr, m, k, begin, end);
-  const int width = end - begin;
-  for (int r = 0; r < m; ++r) {
-    for (int c = 0; c < ldy; ++c) {
-      const size_t i = static_cast<size_t>(r) * ldy + c;
-      if (c >= width) {
-        EXPECT_EQ(y[i], before[i]) << "a column past the range was written";
-        continue;
+  const int n = 70, k = 45, ldx = 52, begin = 5, end = 53, ldy = 60;
+  for (const int m : {3, 9, 20}) {
+    for (const char* version : PackedKernelVersions()) {
+      SCOPED_TRACE(std::string(version) + ", m " + std::to_string(m));
+      std::mt19937 rng(3 + m);
+      const std::vector<float> x = Random(static_cast<size_t>(m) * ldx, rng);
+      const std::vector<float> w = Random(static_cast<size_t>(n) * k, rng);
+      const PackedMatrix packed = PackedMatrix::Pack(w.data(), n, k);
+      std::vector<float> y = Random(static_cast<size_t>(m) * ldy, rng);
+      const std::vector<float> before = y;
+      InvokePackedWith(version, {.x = x.data(),
+                                 .ldx = ldx,
+                                 .m = m,
+                                 .w = &packed,
+                                 .row_begin = begin,
+                                 .row_end = end,
+                                 .y = y.data(),
+                                 .ldy = ldy,
+                                 .alpha = -0.5f,
+                                 .beta = 2.0f});
+      std::vector<float> dense(static_cast<size_t>(m) * k);
+      for (int r = 0; r < m; ++r) {
+        std::copy_n(x.begin() + static_cast<size_t>(r) * ldx, k,
+                    dense.begin() + static_cast<size_t>(r) * k);
       }
-      const double want = 2.0 * before[i] - 0.5 * product[static_cast<size_t>(r) * width + c];
-      EXPECT_NEAR(y[i], want, 1e-4 * std::max(1.0, std::abs(want))) << r << "," << c;
+      const std::vector<double> product = Reference(dense, w, nullptr, m, k, begin, end);
+      const int width = end - begin;
+      for (int r = 0; r < m; ++r) {
+        for (int c = 0; c < ldy; ++c) {
+          const size_t i = static_cast<size_t>(r) * ldy + c;
+          if (c >= width) {
+            EXPECT_EQ(y[i], before[i]) << "a column past the range was written";
+            continue;
+          }
+          const double want = 2.0 * before[i] - 0.5 * product[static_cast<size_t>(r) * width + c];
+          EXPECT_NEAR(y[i], want, 1e-4 * std::max(1.0, std::abs(want))) << r << "," << c;
+        }
+      }
     }
   }
 }
