@@ -1,7 +1,5 @@
 #include "kernels/cpu/packed_gemm.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -356,15 +354,16 @@ int GroupFor(ProductFn fn, int m) {
   return PackedGroup<4>(m);
 }
 
-// Steps [k0, k1) of x's m rows (ldx apart) into `out` in groups of g rows, each group k steps of
-// g values side by side (a short last group padded).
-void PackRows(const float* x, size_t ldx, int m, int k, int g, int k0, int k1, float* out) {
-  constexpr int kStrip = 16;
-  for (int i0 = k0; i0 < k1; i0 += kStrip) {
-    const int i1 = std::min(k1, i0 + kStrip);
+// x's m rows (ldx apart, k values each) in groups of g rows, each group k steps of g values side
+// by side (a short last group padded), into `out`.
+void PackRows(const float* x, size_t ldx, int m, int k, int g, std::vector<float>& out) {
+  out.resize(static_cast<size_t>((m + g - 1) / g) * g * k);
+  constexpr int kStrip = 16;  // steps per pass over the rows: the writes stay within a few lines
+  for (int i0 = 0; i0 < k; i0 += kStrip) {
+    const int i1 = std::min(k, i0 + kStrip);
     for (int j = 0; j < m; ++j) {
       const float* row = x + j * ldx;
-      float* dst = out + static_cast<size_t>(j / g) * g * k + j % g;
+      float* dst = out.data() + static_cast<size_t>(j / g) * g * k + j % g;
       for (int i = i0; i < i1; ++i) dst[static_cast<size_t>(i) * g] = row[i];
     }
   }
@@ -387,25 +386,17 @@ void Invoke(ProductFn fn, const PackedProduct& product) {
     slab.ldy = ldy;
     slab.m = std::min(kPackedMaxM, product.m - j0);
     const long work = static_cast<long>(p_end - p_begin) * kPanelRows * w.cols() * slab.m;
-    // Kernels with many input rows read them packed (GroupFor): the threads pack a share of the
-    // steps each, then every thread reads all of them.
-    const int g = GroupFor(fn, slab.m), k = w.cols();
+    // Kernels with many input rows read them packed (GroupFor), packed here before the threads
+    // start: a share per thread inside the parallel region would need a barrier more per
+    // product, and a barrier is where a team waits out a preempted thread on busy cores.
+    const int g = GroupFor(fn, slab.m);
     thread_local std::vector<float> packed;
-    if (g > 0) packed.resize(static_cast<size_t>((slab.m + g - 1) / g) * g * k);
+    if (g > 0) PackRows(slab.x, ldx, slab.m, w.cols(), g, packed);
     const float* xp = g > 0 ? packed.data() : nullptr;
-    float* pack_to = packed.data();
-#pragma omp parallel num_threads(CpuThreads()) if (work > (1 << 16))
-    {
-      if (g > 0) {
-        const int t = omp_get_thread_num(), n = omp_get_num_threads();
-        PackRows(slab.x, ldx, slab.m, k, g, k * t / n, k * (t + 1) / n, pack_to);
-#pragma omp barrier
-      }
-#pragma omp for schedule(static) nowait
-      for (int b = 0; b < blocks; ++b) {
-        const int p0 = p_begin + b * kBlockPanels;
-        fn(slab, xp, row_end, p0, std::min(p_end, p0 + kBlockPanels));
-      }
+#pragma omp parallel for schedule(static) num_threads(CpuThreads()) if (work > (1 << 16))
+    for (int b = 0; b < blocks; ++b) {
+      const int p0 = p_begin + b * kBlockPanels;
+      fn(slab, xp, row_end, p0, std::min(p_end, p0 + kBlockPanels));
     }
   }
 }
