@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/huge_pages.h"
 
 namespace tandem::kernels::cpu {
 
@@ -64,8 +65,9 @@ class PackedMatrix {
   std::vector<float> RowMajor() const;
 
  private:
-  std::vector<float> data_;     // kF32
-  std::vector<uint16_t> bf16_;  // kBf16
+  // Huge pages where the system grants them: a product streams the whole matrix.
+  std::vector<float, HugePageAllocator<float>> data_;        // kF32
+  std::vector<uint16_t, HugePageAllocator<uint16_t>> bf16_;  // kBf16
   int rows_ = 0, cols_ = 0;
   WeightType type_ = WeightType::kF32;
 };

@@ -53,8 +53,8 @@ absl::Status HostKvStorage::Randomize(uint64_t seed, float half_width) {
     return 2.0f * static_cast<float>(x >> 40) * 0x1.0p-24f - 1.0f;
   };
   uint64_t pool = 0;
-  for (std::vector<std::vector<float>>* pools : {&keys_, &values_}) {
-    for (std::vector<float>& rows : *pools) {
+  for (std::vector<Pool>* pools : {&keys_, &values_}) {
+    for (Pool& rows : *pools) {
       const uint64_t key = seed ^ (++pool << 48);
       for (size_t i = 0; i < rows.size(); ++i) rows[i] = half_width * unit(key + i);
     }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/huge_pages.h"
 #include "worker/kv/block_allocator.h"
 
 namespace tandem {
@@ -111,8 +112,11 @@ class HostKvStorage final : public KvStorage {
  private:
   int block_size_;
   size_t row_floats_;
-  std::vector<std::vector<float>> keys_;
-  std::vector<std::vector<float>> values_;
+  // Per layer, huge pages where the system grants them: attention reads a sequence's rows of
+  // every layer each step.
+  using Pool = std::vector<float, HugePageAllocator<float>>;
+  std::vector<Pool> keys_;
+  std::vector<Pool> values_;
 };
 
 class KvCache {
