@@ -100,9 +100,10 @@ constexpr bool Prefetches(int m) {
   return m > (W == 16 ? 2 : 1);
 }
 
-// The steps of k in [i0, i1) of NP panels (ps floats apart, from pw) against G input rows (x, rows
-// ldx apart): acc_mem[j * NP * V + v] holds row j's partial sums for the panels' V-vector columns
-// (started from zero when `first`). Every sum is one multiply-add chain over k in order.
+// The steps of k in [i0, i1) of NP panels (ps floats apart, from pw) against G input rows: x's
+// rows ldx apart, or with PX packed (step i of row j at x[i * ldx + j]). acc_mem[j * NP * V + v]
+// holds row j's partial sums for the panels' V-vector columns (started from zero when `first`).
+// Every sum is one multiply-add chain over k in order.
 template <int W, int NP, int G, bool PX, typename T>
 inline __attribute__((always_inline)) void Steps(const T* __restrict pw, size_t ps,
                                                  const float* __restrict x, size_t ldx, int i0,
