@@ -162,8 +162,8 @@ inline __attribute__((always_inline)) void GroupSteps(int g, const T* pw, size_t
 }
 
 // Panels p0 .. p0 + NP - 1 against every input row, then their outputs written (the rows of the
-// product's range only).
-template <int W, int NP, int G, typename T>
+// product's range only). With PX the rows are read packed from xp (PackRows, groups of G).
+template <int W, int NP, int G, bool PX, typename T>
 inline __attribute__((always_inline)) void Tile(const PackedProduct& p, const float* xp,
                                                 int row_end, int p0) {
   using Vec = typename VecOf<W>::type;
@@ -178,6 +178,13 @@ inline __attribute__((always_inline)) void Tile(const PackedProduct& p, const fl
   } else {
     pw = w.panel(p0);
   }
+  // Where step i0 of input rows j0.. is, and how far apart the steps of a row (PX) or the rows
+  // (not PX) are.
+  auto rows_at = [&](int j0, int i0) {
+    return PX ? xp + static_cast<size_t>(j0) * k + static_cast<size_t>(i0) * G
+              : p.x + j0 * ldx + i0;
+  };
+  const size_t x_stride = PX ? G : ldx;
   const bool groups = p.m > G;
   const int chunk = groups ? kChunk : k;
   for (int i0 = 0; i0 < k; i0 += chunk) {
@@ -198,28 +205,16 @@ inline __attribute__((always_inline)) void Tile(const PackedProduct& p, const fl
           }
         }
         for (int j0 = 0; j0 < p.m; j0 += G) {
-          if (xp != nullptr) {
-            GroupSteps<W, NP, G, true, float>(
-                std::min(G, p.m - j0), wide, static_cast<size_t>(len) * kPanelRows,
-                xp + static_cast<size_t>(j0) * k + i0 * G, G, 0, len, i0 == 0, false, acc + j0 * V);
-          } else {
-            GroupSteps<W, NP, G, false, float>(
-                std::min(G, p.m - j0), wide, static_cast<size_t>(len) * kPanelRows,
-                p.x + j0 * ldx + i0, ldx, 0, len, i0 == 0, false, acc + j0 * V);
-          }
+          GroupSteps<W, NP, G, PX, float>(std::min(G, p.m - j0), wide,
+                                          static_cast<size_t>(len) * kPanelRows, rows_at(j0, i0),
+                                          x_stride, 0, len, i0 == 0, false, acc + j0 * V);
         }
         continue;
       }
     }
     for (int j0 = 0; j0 < p.m; j0 += G) {
-      if (xp != nullptr) {
-        GroupSteps<W, NP, G, true, T>(std::min(G, p.m - j0), pw, ps,
-                                      xp + static_cast<size_t>(j0) * k, G, i0, i1, i0 == 0,
-                                      Prefetches<W>(p.m) && j0 == 0, acc + j0 * V);
-      } else {
-        GroupSteps<W, NP, G, false, T>(std::min(G, p.m - j0), pw, ps, p.x + j0 * ldx, ldx, i0, i1,
-                                       i0 == 0, Prefetches<W>(p.m) && j0 == 0, acc + j0 * V);
-      }
+      GroupSteps<W, NP, G, PX, T>(std::min(G, p.m - j0), pw, ps, rows_at(j0, 0), x_stride, i0, i1,
+                                  i0 == 0, Prefetches<W>(p.m) && j0 == 0, acc + j0 * V);
     }
   }
   const int ldy = p.ldy > 0 ? p.ldy : row_end - p.row_begin;
@@ -251,33 +246,35 @@ inline __attribute__((always_inline)) void Tile(const PackedProduct& p, const fl
 }
 
 // Panels [p0, p1) in tiles of NP (the last ones one at a time).
-template <int W, int NP, int G, typename T>
+template <int W, int NP, int G, bool PX, typename T>
 inline __attribute__((always_inline)) void PanelsOf(const PackedProduct& p, const float* xp,
                                                     int row_end, int p0, int p1) {
   int q = p0;
-  for (; q + NP <= p1; q += NP) Tile<W, NP, G, T>(p, xp, row_end, q);
+  for (; q + NP <= p1; q += NP) Tile<W, NP, G, PX, T>(p, xp, row_end, q);
   if constexpr (NP > 1) {
-    for (; q < p1; ++q) Tile<W, 1, G, T>(p, xp, row_end, q);
+    for (; q < p1; ++q) Tile<W, 1, G, PX, T>(p, xp, row_end, q);
   }
 }
 
 // Panels [p0, p1) in tiles of NP (the last ones one at a time), over the matrix's weight type.
-template <int W, int NP, int G>
+template <int W, int NP, int G, bool PX = false>
 inline __attribute__((always_inline)) void Panels(const PackedProduct& p, const float* xp,
                                                   int row_end, int p0, int p1) {
   if (p.w->type() == WeightType::kBf16) {
-    return PanelsOf<W, NP, G, uint16_t>(p, xp, row_end, p0, p1);
+    return PanelsOf<W, NP, G, PX, uint16_t>(p, xp, row_end, p0, p1);
   }
-  PanelsOf<W, NP, G, float>(p, xp, row_end, p0, p1);
+  PanelsOf<W, NP, G, PX, float>(p, xp, row_end, p0, p1);
 }
 
 // Past 8 input rows, the AVX-512 kernel reads them packed (PackRows): each step of k's 16 values
 // side by side, so a tile's broadcasts come from one pointer instead of a register per row (GCC
 // kept 12 row pointers of the 2 x 12 tile by spilling them to the stack and reloading them every
-// step). Returns the rows per packed group (0: the rows are read where they are).
+// step). Returns the rows per packed group (0: the rows are read where they are); Product takes
+// the packed tile exactly when it is not 0.
+constexpr int kPackedRows = 16;
 template <int W>
 constexpr int PackedGroup(int m) {
-  if constexpr (W == 16) return m > 8 ? 16 : 0;
+  if constexpr (W == 16) return m > 8 ? kPackedRows : 0;
   return 0;
 }
 
@@ -297,8 +294,8 @@ inline __attribute__((always_inline)) void Product(const PackedProduct& p, const
                       : Panels<W, 4, 2>(p, xp, row_end, p0, p1);
     }
     if (p.m <= 4) return Panels<W, 4, 4>(p, xp, row_end, p0, p1);
-    if (p.m <= 8) return Panels<W, 2, 8>(p, xp, row_end, p0, p1);
-    return Panels<W, 1, 16>(p, xp, row_end, p0, p1);
+    if (PackedGroup<W>(p.m) == 0) return Panels<W, 2, 8>(p, xp, row_end, p0, p1);
+    return Panels<W, 1, kPackedRows, true>(p, xp, row_end, p0, p1);
   } else if constexpr (W == 8) {
     if (p.m == 1) return Panels<W, 4, 1>(p, xp, row_end, p0, p1);
     if (p.m == 2) return Panels<W, 2, 2>(p, xp, row_end, p0, p1);
